@@ -1,0 +1,9 @@
+#pragma once
+// Each subcommand file registers its CLI11 subcommand; the callback runs the library and prints.
+#include <CLI/CLI.hpp>
+
+namespace slm::cli {
+void add_recipe_command(CLI::App& app);
+void add_ensemble_command(CLI::App& app);
+void add_info_command(CLI::App& app);
+}  // namespace slm::cli

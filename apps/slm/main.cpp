@@ -1,0 +1,30 @@
+// slm: build, train, quantize and serve the SLM Ensemble. Exit codes: 0 ok, 1 internal failure,
+// 2 bad input (malformed recipe, missing file, bad flag).
+#include <iostream>
+
+#include "commands.h"
+#include "slm/util/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"slm — SLM Ensemble: pattern-driven hybrid specialist language models for C++ work"};
+  app.set_version_flag("--version", std::string("slm ") + SLM_VERSION);
+  app.require_subcommand(1);
+  slm::cli::add_recipe_command(app);
+  slm::cli::add_ensemble_command(app);
+  slm::cli::add_info_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);
+    return 2;
+  } catch (const slm::Error& e) {
+    std::cerr << "slm: error: " << e.what() << "\n";
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "slm: internal error: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# One-command setup: Debian packages, the pinned libtorch (from PyPI's torch wheel), configure, build.
+# Idempotent: a second run on a set-up machine installs nothing and only rebuilds what changed.
+#
+# Environment:
+#   BUILD_DIR=build        where CMake builds (the program lands in $BUILD_DIR/slm)
+#   SLM_CUDA=ON            also build the CUDA (sm_90) sources
+#   SLM_DEPS_PREFIX=DIR    use Debian packages unpacked under DIR (GPU machine: scripts/device-deps.sh) instead of apt
+#   CMAKE_BUILD_TYPE=...   Release by default
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+BUILD_DIR=${BUILD_DIR:-build}
+SLM_CUDA=${SLM_CUDA:-OFF}
+TORCH_VERSION=2.11.0
+# Build tools, the test framework, CLI and JSON libraries. Keep in sync with the README's dependency table.
+DEB_PACKAGES=(cmake ninja-build g++ ccache python3 python3-pip libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev)
+
+log() { printf '[setup] %s\n' "$*"; }
+have_python_pip() { command -v python3 >/dev/null && python3 -m pip --version >/dev/null 2>&1; }
+
+if [[ -z "${SLM_DEPS_PREFIX:-}" ]]; then
+  missing=()
+  for p in "${DEB_PACKAGES[@]}"; do
+    # python3/pip may come from elsewhere (pyenv); only ask apt for them when absent.
+    if [[ $p == python3 ]] && command -v python3 >/dev/null; then continue; fi
+    if [[ $p == python3-pip ]] && have_python_pip; then continue; fi
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if ((${#missing[@]})); then
+    log "installing Debian packages: ${missing[*]}"
+    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  else
+    log "Debian packages present"
+  fi
+fi
+
+torch_version() { python3 -c 'import torch,sys;sys.stdout.write(torch.__version__)' 2>/dev/null || true; }
+tv=$(torch_version)
+if [[ $tv != "$TORCH_VERSION"* ]]; then
+  log "installing torch==$TORCH_VERSION from PyPI (found: '${tv:-none}')"
+  python3 -m pip install --quiet "torch==$TORCH_VERSION" || python3 -m pip install --quiet --break-system-packages "torch==$TORCH_VERSION"
+  tv=$(torch_version)
+  [[ $tv == "$TORCH_VERSION"* ]] || { echo "setup: torch $TORCH_VERSION did not install (found '$tv')" >&2; exit 1; }
+else
+  log "torch $tv present"
+fi
+TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+
+prefix_path="$TORCH_PREFIX"
+[[ -n "${SLM_DEPS_PREFIX:-}" ]] && prefix_path="$TORCH_PREFIX;$(realpath "$SLM_DEPS_PREFIX")/usr"
+
+# Reconfigure only when the build directory is new or the options changed.
+stamp="$BUILD_DIR/.slm-configure"
+want="cuda=$SLM_CUDA prefix=$prefix_path type=${CMAKE_BUILD_TYPE:-Release}"
+if [[ ! -f $BUILD_DIR/build.ninja || ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
+  log "configuring $BUILD_DIR ($want)"
+  cmake -S . -B "$BUILD_DIR" -G Ninja \
+    -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" \
+    -DCMAKE_PREFIX_PATH="$prefix_path" \
+    -DSLM_CUDA="$SLM_CUDA"
+  echo "$want" > "$stamp"
+fi
+log "building"
+cmake --build "$BUILD_DIR"
+log "done: $BUILD_DIR/slm"

@@ -1,0 +1,179 @@
+#include "slm/recipe/plan.h"
+
+#include <sstream>
+
+#include "slm/util/error.h"
+
+namespace slm {
+
+Family family_of(char letter) {
+  switch (letter) {
+    case 'A': return Family::Attention;
+    case 'E': return Family::MoE;
+    case 'M': return Family::Mamba3;
+    case 'R': return Family::M2RNN;
+    case 'F': return Family::MLP;
+  }
+  throw Error(std::string("unknown pattern letter '") + letter + "'");
+}
+
+const char* family_name(Family f) {
+  switch (f) {
+    case Family::Attention: return "attention";
+    case Family::MoE: return "moe";
+    case Family::Mamba3: return "mamba3";
+    case Family::M2RNN: return "m2rnn";
+    case Family::MLP: return "mlp";
+  }
+  return "?";
+}
+
+std::string LayerPlan::features() const {
+  std::ostringstream s;
+  const char* sep = "";
+  if (family == Family::Attention) {
+    s << "window=" << window;
+    if (window_tokens) s << ":" << window_tokens;
+    sep = " ";
+  }
+  if (dsa) s << sep << "dsa", sep = " ";
+  if (mla) s << sep << "mla", sep = " ";
+  if (engram) s << sep << "engram", sep = " ";
+  if (mhc) s << sep << "mhc", sep = " ";
+  if (declared != letter) s << sep << "(" << declared << "->" << letter << " by moe.layer_freq)";
+  return s.str();
+}
+
+std::string tile_pattern(const std::string& pattern, int depth) {
+  if (pattern.empty()) throw Error("pattern must not be empty");
+  std::string out;
+  out.reserve(depth);
+  for (int i = 0; i < depth; ++i) out.push_back(pattern[i % pattern.size()]);
+  return out;
+}
+
+namespace {
+
+std::string field(const Recipe& r, const std::string& path) { return r.source + ": " + path; }
+
+const char* section_of(char letter) {
+  switch (letter) {
+    case 'A': return "attention";
+    case 'E': return "moe";
+    case 'M': return "mamba3";
+    case 'R': return "m2rnn";
+    case 'F': return "mlp";
+  }
+  return "?";
+}
+
+void require_section(const Recipe& r, char letter, const std::string& where) {
+  bool present = false;
+  switch (letter) {
+    case 'A': present = r.attention.has_value(); break;
+    case 'E': present = r.moe.has_value(); break;
+    case 'M': present = r.mamba3.has_value(); break;
+    case 'R': present = r.m2rnn.has_value(); break;
+    case 'F': present = r.mlp.has_value(); break;
+  }
+  if (!present)
+    throw Error(field(r, section_of(letter)) + ": section is required because " + where + " has " +
+                std::string(1, letter) + " layers");
+}
+
+std::vector<LayerPlan> build_stack(const std::string& letters) {
+  std::vector<LayerPlan> layers;
+  std::map<char, int> rank;
+  for (int i = 0; i < static_cast<int>(letters.size()); ++i) {
+    LayerPlan l;
+    l.index = i;
+    l.declared = l.letter = letters[i];
+    l.family = family_of(l.letter);
+    l.family_rank = rank[l.letter]++;
+    layers.push_back(l);
+  }
+  return layers;
+}
+
+void check_on_attention(const Recipe& r, const ModelPlan& p, const LayerSet& set, const std::string& path,
+                        const char* what) {
+  if (set.kind != LayerSet::Kind::List) return;
+  for (int l : set.list)
+    if (p.layers[l].letter != 'A')
+      throw Error(field(r, path) + ": layer " + std::to_string(l) + " is an " + std::string(1, p.layers[l].letter) +
+                  " layer; " + what + " is placed on A (attention) layers only");
+}
+
+}  // namespace
+
+ModelPlan make_plan(const Recipe& r) {
+  ModelPlan p;
+  std::string declared = tile_pattern(r.pattern, r.depth);
+  p.layers = build_stack(declared);
+
+  // moe.layer_freq: only every k-th E slot keeps its router; the others become dense F layers.
+  if (r.moe && r.moe->layer_freq > 1) {
+    for (auto& l : p.layers)
+      if (l.declared == 'E' && l.family_rank % r.moe->layer_freq != 0) l.letter = 'F', l.family = Family::MLP;
+    std::string letters;
+    for (auto& l : p.layers) letters.push_back(l.letter);
+    auto rebuilt = build_stack(letters);
+    for (size_t i = 0; i < rebuilt.size(); ++i) rebuilt[i].declared = p.layers[i].declared;
+    p.layers = rebuilt;
+  }
+  for (auto& l : p.layers) {
+    p.expanded.push_back(l.letter);
+    p.composition[l.letter]++;
+  }
+  for (auto& [letter, n] : p.composition) require_section(r, letter, "the pattern");
+
+  if (r.attention) {
+    const auto& a = *r.attention;
+    int n_attn = p.composition.count('A') ? p.composition.at('A') : 0;
+    for (auto& l : p.layers) {
+      if (l.letter != 'A') continue;
+      bool last = l.family_rank == n_attn - 1;
+      l.window = last ? 'L' : a.window_pattern[l.family_rank % a.window_pattern.size()];
+      l.window_tokens = l.window == 'S' ? a.short_window : 0;
+      l.mla = a.mla_layers.contains(l.index);
+    }
+    check_on_attention(r, p, a.mla_layers, "attention.mla_layers", "MLA");
+    if (a.dsa_layers && !a.dsa_enabled)
+      throw Error(field(r, "attention.dsa_layers") + ": DSA layers are listed but dsa_enabled is false");
+    if (a.dsa_enabled) {
+      LayerSet dsa;
+      if (a.dsa_layers) {
+        dsa.kind = LayerSet::Kind::List;
+        dsa.list = *a.dsa_layers;
+        check_on_attention(r, p, dsa, "attention.dsa_layers", "DSA");
+      } else {
+        dsa.kind = LayerSet::Kind::All;
+      }
+      int placed = 0;
+      for (auto& l : p.layers)
+        if (l.letter == 'A' && l.index >= a.dsa_start_layer && dsa.contains(l.index)) l.dsa = true, ++placed;
+      if (placed == 0)
+        throw Error(field(r, "attention.dsa_start_layer") + ": DSA is enabled but no A layer is at or after layer " +
+                    std::to_string(a.dsa_start_layer));
+    }
+  }
+
+  if (r.engram.enabled) {
+    check_on_attention(r, p, r.engram.layers, "engram.layers", "Engram");
+    for (auto& l : p.layers) l.engram = l.letter == 'A' && r.engram.layers.contains(l.index);
+  }
+  if (r.mhc.enabled)
+    for (auto& l : p.layers) l.mhc = r.mhc.layers.contains(l.index);
+
+  p.mtp_depth = r.mtp.depth;
+  if (r.mtp.depth > 0) {
+    p.mtp_layers = build_stack(r.mtp.pattern);
+    for (auto& l : p.mtp_layers) {
+      require_section(r, l.letter, "mtp.pattern");
+      if (l.letter == 'A') l.window = 'L', l.mla = r.mtp.mla;
+    }
+  }
+  return p;
+}
+
+}  // namespace slm

@@ -1,0 +1,29 @@
+#include "slm/util/format.h"
+
+#include <cmath>
+#include <cstdio>
+
+namespace slm {
+
+std::string human_count(long long n) {
+  const char* units[] = {"", "K", "M", "B", "T"};
+  double v = static_cast<double>(n);
+  int u = 0;
+  while (std::fabs(v) >= 1000.0 && u < 4) v /= 1000.0, ++u;
+  char buf[32];
+  if (u == 0) std::snprintf(buf, sizeof buf, "%lld", n);
+  else std::snprintf(buf, sizeof buf, v >= 100 ? "%.0f%s" : v >= 10 ? "%.1f%s" : "%.2f%s", v, units[u]);
+  return buf;
+}
+
+std::string human_bytes(long long bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace slm
