@@ -26,7 +26,13 @@ long long ParamSpec::numel() const {
   return std::accumulate(shape.begin(), shape.end(), 1LL, [](long long a, long long b) { return a * b; });
 }
 
-bool ParamSpec::quantized() const { return kind == ParamKind::Linear || kind == ParamKind::Expert; }
+// Projections and experts are matmul weights; the token embedding and Engram tables are row gathers whose
+// 16-element blocks run along the row, so a gathered row dequantizes on its own. The LM head, router, DSA
+// indexer, norms and small vectors stay BF16 (as the product does: they are small or precision-sensitive).
+bool ParamSpec::quantized() const {
+  return kind == ParamKind::Linear || kind == ParamKind::Expert || kind == ParamKind::Embedding ||
+         kind == ParamKind::Table;
+}
 
 long long nvfp4_bytes(const ParamSpec& p) {
   if (!p.quantized()) return 2 * p.numel();

@@ -33,6 +33,12 @@ std::string pct(double a, double b) {
   return buf;
 }
 
+std::string ratio(long long a, long long b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", b ? static_cast<double>(a) / b : 0.0);
+  return buf;
+}
+
 }  // namespace
 
 nlohmann::json recipe_report_json(const Recipe& r, const ModelPlan& p, const Accounting& acc) {
@@ -102,7 +108,7 @@ std::string recipe_report_text(const Recipe& r, const ModelPlan& p, const Accoun
   s << "  by family:";
   for (const auto& [g, n] : acc.by_family) s << "  " << g << " " << human_count(n);
   s << "\nmemory   BF16 " << human_bytes(acc.bytes_bf16) << ", NVFP4 " << human_bytes(acc.bytes_nvfp4) << " ("
-    << (acc.bytes_nvfp4 ? static_cast<double>(acc.bytes_bf16) / acc.bytes_nvfp4 : 0.0) << "x smaller)\n";
+    << ratio(acc.bytes_bf16, acc.bytes_nvfp4) << " smaller)\n";
   return s.str();
 }
 
@@ -154,8 +160,8 @@ std::string ensemble_report_text(const Ensemble& e) {
                 human_bytes(e.bytes_nvfp4).c_str());
   s << line;
   s << "\nweights include MTP modules and Engram tables (stored " << human_count(e.stored) << "); NVFP4 packs "
-    << "projections and experts at 4.5 bits per weight and keeps the rest in BF16: "
-    << (e.bytes_nvfp4 ? static_cast<double>(e.bytes_bf16) / e.bytes_nvfp4 : 0.0) << "x smaller than BF16\n";
+    << "projections, experts, the embedding and Engram tables at 4.5 bits per weight and keeps the rest in BF16: "
+    << ratio(e.bytes_bf16, e.bytes_nvfp4) << " smaller than BF16\n";
   return s.str();
 }
 

@@ -1,0 +1,100 @@
+// Every recipe and manifest the repository ships parses, and the full-size ones have their documented sizes.
+#include <filesystem>
+
+#include "slm/recipe/accounting.h"
+#include "slm/recipe/ensemble.h"
+#include "test_util.h"
+
+using namespace slm;
+using namespace slm::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::vector<std::string> shipped_recipes() {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(source_path("recipes")))
+    if (e.path().extension() == ".json" && e.path().parent_path().filename() != "ensembles") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+Accounting account_file(const std::string& path) {
+  Recipe r = load_recipe(path);
+  return account(r, make_plan(r));
+}
+
+}  // namespace
+
+TEST(ShippedRecipes, AllParseAndValidate) {
+  auto files = shipped_recipes();
+  EXPECT_GE(files.size(), 16u);
+  for (const auto& f : files) EXPECT_NO_THROW(load_recipe(f)) << f;
+}
+
+TEST(ShippedRecipes, Nam56rMatchesTheDocuments) {
+  Recipe r = load_recipe(source_path("recipes/nam56r.json"));
+  ModelPlan p = make_plan(r);
+  Accounting a = account(r, p);
+  EXPECT_EQ(r.d_model, 4096);
+  EXPECT_EQ(r.vocab_size, 65536);
+  EXPECT_EQ(p.composition['A'], 13);
+  EXPECT_EQ(p.composition['E'], 22);
+  EXPECT_EQ(p.composition['M'], 13);
+  EXPECT_EQ(p.composition['R'], 4);
+  EXPECT_NEAR(a.total / 4.73e9, 1.0, 0.03);
+  // "3.03B active" in the documents: the active count without the input embedding and the LM head.
+  EXPECT_NEAR((a.active_excl_embedding - a.by_family.at("lm_head")) / 3.03e9, 1.0, 0.03);
+  int dsa = 0, mla = 0;
+  for (const auto& l : p.layers) dsa += l.dsa, mla += l.mla;
+  EXPECT_EQ(dsa, 9);
+  EXPECT_EQ(mla, 4);
+  EXPECT_EQ(p.mtp_depth, 2);
+}
+
+TEST(ShippedRecipes, TinyRecipesAreTiny) {
+  for (const auto& f : shipped_recipes()) {
+    if (fs::path(f).filename().string().rfind("tiny-", 0) != 0) continue;
+    long long total = account_file(f).total;
+    EXPECT_GE(total, 1'000'000) << f;
+    EXPECT_LE(total, 10'000'000) << f;
+  }
+}
+
+TEST(ShippedRecipes, SingleGpuHybridIsMidSized) {
+  long long total = account_file(source_path("recipes/hybrid-250m.json")).total;
+  EXPECT_GE(total, 100'000'000);
+  EXPECT_LE(total, 300'000'000);
+}
+
+TEST(ShippedRecipes, SpecialistsWithinFivePercentOfStatedSizes) {
+  for (const char* m : {"recipes/ensembles/product.json", "recipes/ensembles/topical.json"}) {
+    Ensemble e = load_ensemble(source_path(m));
+    EXPECT_EQ(e.specialists.size(), 8u) << m;
+    for (const auto& s : e.specialists) {
+      ASSERT_GT(s.target_total, 0) << s.name;
+      EXPECT_NEAR(s.accounting.total / s.target_total, 1.0, 0.05) << m << " " << s.name;
+      EXPECT_NEAR(s.accounting.active / s.target_active, 1.0, 0.05) << m << " " << s.name;
+      // Fine-grained MoE with one shared expert and top-6 routing, as the product page states.
+      EXPECT_EQ(s.recipe.moe->experts_per_token, 6) << s.name;
+      EXPECT_EQ(s.recipe.moe->shared_experts, 1) << s.name;
+    }
+  }
+}
+
+TEST(ShippedRecipes, FullSizeCheckpointsShrinkAtLeast3xInNvfp4) {
+  for (const auto& f : shipped_recipes()) {
+    Accounting a = account_file(f);
+    if (a.total < 1'000'000'000) continue;
+    EXPECT_GE(static_cast<double>(a.bytes_bf16) / a.bytes_nvfp4, 3.0) << f;
+  }
+}
+
+TEST(Ensemble, SumsAreSumsOfSpecialists) {
+  Ensemble e = load_ensemble(source_path("recipes/ensembles/product.json"));
+  long long total = 0, active = 0, bf16 = 0;
+  for (const auto& s : e.specialists) total += s.accounting.total, active += s.accounting.active, bf16 += s.accounting.bytes_bf16;
+  EXPECT_EQ(e.total, total);
+  EXPECT_EQ(e.active, active);
+  EXPECT_EQ(e.bytes_bf16, bf16);
+}
