@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Prepares the Debian development packages for a machine that cannot reach Debian's archive (the GPU
+# machine): downloads them here and unpacks them under .deps/root (git-ignored). Carry .deps to that
+# machine and run:  SLM_DEPS_PREFIX=.deps/root SLM_CUDA=ON bash scripts/setup.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PACKAGES=(libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev)
+mkdir -p .deps/debs .deps/root
+if ! ls .deps/debs/*.deb >/dev/null 2>&1; then
+  apt-get update -qq
+  (cd .deps/debs && apt-get download "${PACKAGES[@]}")
+fi
+for f in .deps/debs/*.deb; do dpkg-deb -x "$f" .deps/root; done
+echo "unpacked ${#PACKAGES[@]} packages into .deps/root ($(du -sh .deps | cut -f1))"
