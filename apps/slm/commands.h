@@ -6,4 +6,6 @@ namespace slm::cli {
 void add_recipe_command(CLI::App& app);
 void add_ensemble_command(CLI::App& app);
 void add_info_command(CLI::App& app);
+void add_model_command(CLI::App& app);
+void add_generate_command(CLI::App& app);
 }  // namespace slm::cli

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   slm::cli::add_recipe_command(app);
   slm::cli::add_ensemble_command(app);
   slm::cli::add_info_command(app);
+  slm::cli::add_model_command(app);
+  slm::cli::add_generate_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

@@ -1,0 +1,83 @@
+#include <torch/torch.h>
+
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "slm/data/byte_tokenizer.h"
+#include "slm/model/hybrid_lm.h"
+#include "slm/model/sampler.h"
+#include "slm/util/error.h"
+
+namespace slm::cli {
+
+namespace {
+
+struct GenerateOptions {
+  std::string recipe;
+  std::string prompt;
+  int64_t max_tokens = 64;
+  uint64_t seed = 0;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  bool stop_at_eos = false;
+};
+
+void run_generate(const GenerateOptions& o) {
+  Recipe r = load_recipe(o.recipe);
+  data::ByteTokenizer tok;
+  if (r.vocab_size < data::ByteTokenizer::kVocabSize)
+    throw Error(o.recipe + ": vocab_size " + std::to_string(r.vocab_size) + " is smaller than the byte tokenizer's " +
+                std::to_string(data::ByteTokenizer::kVocabSize) + " ids");
+  if (o.max_tokens < 1) throw Error("--max-tokens must be at least 1");
+  torch::manual_seed(o.seed);
+  model::HybridLM m(r);
+  m.eval();
+  std::cerr << "slm: warning: no checkpoint loaded: the weights are RANDOM (initialized from seed " << o.seed
+            << "), so the output is noise\n";
+
+  model::Sampler sampler({o.temperature, o.top_k, o.top_p, o.seed});
+  auto prompt = tok.encode(o.prompt, /*add_bos=*/true);
+  const auto n_prompt = static_cast<int64_t>(prompt.size());
+  auto state = m.new_state(1, n_prompt + o.max_tokens);
+  auto logits = m.prefill(torch::tensor(prompt, torch::kLong).unsqueeze(0), state).select(1, n_prompt - 1);
+  // Only byte ids and EOS are valid outputs: BOS, PAD and ids past the tokenizer never are.
+  auto invalid = torch::ones({r.vocab_size}, torch::kBool);
+  invalid.narrow(0, 0, 256).fill_(false);
+  invalid[data::ByteTokenizer::kEos] = false;
+
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < o.max_tokens; ++i) {
+    auto next = sampler.sample(logits.masked_fill(invalid, -std::numeric_limits<float>::infinity()));
+    const int64_t id = next.item<int64_t>();
+    ids.push_back(id);
+    std::cout << tok.display(id) << std::flush;
+    if (o.stop_at_eos && id == data::ByteTokenizer::kEos) break;
+    if (i + 1 < o.max_tokens) logits = m.decode(next, state);
+  }
+  std::cout << "\n";
+  std::cerr << "slm: generated " << ids.size() << " tokens:";
+  for (int64_t id : ids) std::cerr << " " << id;
+  std::cerr << "\n";
+}
+
+}  // namespace
+
+void add_generate_command(CLI::App& app) {
+  auto o = std::make_shared<GenerateOptions>();
+  auto* g = app.add_subcommand("generate",
+                               "Generate text from a prompt with the byte-level tokenizer. No checkpoint format exists "
+                               "yet, so weights are random (seeded)");
+  g->add_option("--recipe", o->recipe, "recipe JSON file (vocab_size >= 259)")->required();
+  g->add_option("--prompt", o->prompt, "prompt text")->required();
+  g->add_option("--max-tokens", o->max_tokens, "tokens to generate")->capture_default_str();
+  g->add_option("--seed", o->seed, "seed of the weight init and of the sampler")->capture_default_str();
+  g->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
+  g->add_option("--top-k", o->top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
+  g->add_option("--top-p", o->top_p, "sample from the smallest set with this much mass")->capture_default_str();
+  g->add_flag("--stop-at-eos", o->stop_at_eos, "stop when <eos> is sampled");
+  g->callback([o] { run_generate(*o); });
+}
+
+}  // namespace slm::cli

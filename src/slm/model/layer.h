@@ -1,0 +1,41 @@
+#pragma once
+// The surface every layer family implements (see docs/architecture.md). A layer owns its pre-norm
+// ("norm") and returns what is added to the residual stream: x + layer(x).
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+
+#include "slm/model/modules.h"
+
+namespace slm::model {
+
+// One layer's inference cache (KV for attention; recurrent states in part 2). Rollback is in place so a
+// speculative decoder can drop rejected tokens without moving the cache off the device.
+class LayerCache {
+ public:
+  virtual ~LayerCache() = default;
+  virtual int64_t length() const = 0;    // tokens held
+  virtual void rollback(int64_t n) = 0;  // forget the last n tokens (n <= length, checked by DecodeState)
+};
+
+class Layer : public torch::nn::Module {
+ public:
+  Layer(int64_t d_model, double eps, const torch::TensorOptions& options);
+  virtual char letter() const = 0;
+  virtual const char* class_name() const = 0;
+
+  // Training / evaluation over whole sequences, x [B, T, D], positions 0..T-1.
+  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  // x [B, T, D] continues the sequence held by cache (positions cache.length()..), extending the cache.
+  // Stateless layers (channel mixers) get a null cache.
+  virtual torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) = 0;
+  // One token, x [B, 1, D]. Recurrent layers override this with their step form.
+  virtual torch::Tensor decode(const torch::Tensor& x, LayerCache* cache) { return prefill(x, cache); }
+  // Preallocated cache for batch sequences of up to capacity tokens; nullptr for stateless layers.
+  virtual std::unique_ptr<LayerCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const = 0;
+
+  RMSNorm norm{nullptr};
+};
+
+}  // namespace slm::model

@@ -1,0 +1,66 @@
+#include "slm/model/layer_registry.h"
+
+#include <torch/torch.h>
+
+#include "slm/model/layers/attention.h"
+#include "slm/model/layers/mlp.h"
+#include "slm/model/layers/moe.h"
+#include "slm/util/error.h"
+
+namespace slm::model {
+
+const std::vector<LayerKind>& layer_kinds() {
+  static const std::vector<LayerKind> kinds = {
+      {'A', "AttentionLayer", "attention-only layer (GQA, RoPE, QK-norm, per-layer window)", nullptr},
+      {'E', "MoELayer", "fine-grained MoE channel layer (routed + shared SwiGLU experts)", nullptr},
+      {'F', "MLPLayer", "dense SwiGLU channel layer", nullptr},
+      {'M', "Mamba3Layer", "Mamba-3 mixer layer", "part 2 of the hybrid model"},
+      {'R', "M2RNNLayer", "M2RNN recurrent mixer layer", "part 2 of the hybrid model"},
+  };
+  return kinds;
+}
+
+const LayerKind& layer_kind(char letter) {
+  for (const auto& k : layer_kinds())
+    if (k.letter == letter) return k;
+  throw Error(std::string("no layer class owns pattern letter '") + letter + "'");
+}
+
+namespace {
+
+void check_layer(const Recipe& r, const LayerPlan& l, const std::string& where) {
+  const LayerKind& kind = layer_kind(l.letter);
+  auto refuse = [&](const std::string& what) {
+    throw Error(r.source + ": " + where + " layer " + std::to_string(l.index) + " (" + std::string(1, l.letter) +
+                ") uses " + what + ", which is not implemented yet; this build cannot construct the model");
+  };
+  if (kind.available)
+    refuse(std::string("pattern letter '") + l.letter + "' (" + kind.class_name + ", " + kind.available + ")");
+  if (l.mla) refuse("MLA (multi-head latent attention, part 3 of the hybrid model)");
+  if (l.dsa) refuse("DSA (DeepSeek sparse attention, part 3 of the hybrid model)");
+  if (l.engram) refuse("Engram (part 3 of the hybrid model)");
+  if (l.mhc) refuse("mHC (part 3 of the hybrid model)");
+}
+
+}  // namespace
+
+void check_buildable(const Recipe& r, const ModelPlan& plan) {
+  if (r.mhc.enabled)
+    throw Error(r.source + ": mhc.enabled: mHC (manifold-constrained hyper-connections, part 3 of the hybrid model) "
+                           "is not implemented yet; this build cannot construct the model");
+  for (const auto& l : plan.layers) check_layer(r, l, "main stack");
+  if (plan.mtp_depth > 0)
+    for (const auto& l : plan.mtp_layers) check_layer(r, l, "MTP module");
+}
+
+std::shared_ptr<Layer> make_layer(const Recipe& r, const LayerPlan& l, const torch::TensorOptions& options) {
+  switch (l.letter) {
+    case 'A': return std::make_shared<AttentionLayer>(r, l, options);
+    case 'E': return std::make_shared<MoELayer>(r, options);
+    case 'F': return std::make_shared<MLPLayer>(r, options);
+  }
+  throw Error(r.source + ": layer " + std::to_string(l.index) + ": no implementation for pattern letter '" +
+              std::string(1, l.letter) + "' (call check_buildable first)");
+}
+
+}  // namespace slm::model

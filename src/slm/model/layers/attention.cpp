@@ -1,0 +1,78 @@
+#include "slm/model/layers/attention.h"
+
+#include <torch/torch.h>
+
+#include "slm/model/decode_state.h"
+#include "slm/ops/attention.h"
+#include "slm/util/error.h"
+
+namespace slm::model {
+
+torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta) {
+  const int64_t t = x.size(1), half = x.size(3) / 2;
+  // Angles in float64: float32 loses ~1e-3 rad of phase at positions near 1e5.
+  auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(x.device());
+  auto inv_freq = torch::pow(theta, -torch::arange(0, half, f64) / static_cast<double>(half));
+  auto angles = torch::outer(torch::arange(offset, offset + t, f64), inv_freq).view({1, t, 1, half});
+  auto cos = angles.cos().to(x.scalar_type()), sin = angles.sin().to(x.scalar_type());
+  auto x1 = x.narrow(3, 0, half), x2 = x.narrow(3, half, half);
+  return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, 3);
+}
+
+AttentionImpl::AttentionImpl(const Recipe& r, const LayerPlan& plan, const torch::TensorOptions& options)
+    : heads(r.attention->heads),
+      kv_heads(r.attention->kv_heads),
+      head_dim(r.attention->head_dim),
+      window(plan.window_tokens),
+      rope_theta(r.attention->rope_theta) {
+  const int64_t d = r.d_model;
+  wq = register_module("wq", Linear(d, heads * head_dim, options));
+  wk = register_module("wk", Linear(d, kv_heads * head_dim, options));
+  wv = register_module("wv", Linear(d, kv_heads * head_dim, options));
+  wo = register_module("wo", Linear(heads * head_dim, d, options));
+  {
+    torch::NoGradGuard no_grad;
+    wo->weight.zero_();  // a fresh layer adds nothing to the residual stream
+  }
+  if (r.attention->qk_norm) {
+    q_norm = register_module("q_norm", RMSNorm(head_dim, r.norm_eps, options));
+    k_norm = register_module("k_norm", RMSNorm(head_dim, r.norm_eps, options));
+  }
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& h, KVCache* cache) {
+  const int64_t b = h.size(0), t = h.size(1);
+  const int64_t offset = cache ? cache->length() : 0;
+  auto q = apply_rope(wq(h).view({b, t, heads, head_dim}), offset, rope_theta);
+  auto k = apply_rope(wk(h).view({b, t, kv_heads, head_dim}), offset, rope_theta);
+  auto v = wv(h).view({b, t, kv_heads, head_dim});
+  if (q_norm) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  q = q.transpose(1, 2);
+  k = k.transpose(1, 2);
+  v = v.transpose(1, 2);
+  if (cache) std::tie(k, v) = cache->append(k, v);
+  auto o = ops::causal_attention(q, k, v, window);
+  return wo(o.transpose(1, 2).reshape({b, t, heads * head_dim}));
+}
+
+AttentionLayer::AttentionLayer(const Recipe& r, const LayerPlan& plan, const torch::TensorOptions& options)
+    : Layer(r.d_model, r.norm_eps, options) {
+  attn = register_module("attn", Attention(r, plan, options));
+}
+
+torch::Tensor AttentionLayer::forward(const torch::Tensor& x) { return attn(norm(x), nullptr); }
+
+torch::Tensor AttentionLayer::prefill(const torch::Tensor& x, LayerCache* cache) {
+  auto* kv = dynamic_cast<KVCache*>(cache);
+  if (!kv) throw Error("AttentionLayer::prefill needs the KVCache its make_cache created");
+  return attn(norm(x), kv);
+}
+
+std::unique_ptr<LayerCache> AttentionLayer::make_cache(int64_t batch, int64_t capacity, int64_t) const {
+  return std::make_unique<KVCache>(batch, attn->kv_heads, capacity, attn->head_dim, attn->wk->weight.options());
+}
+
+}  // namespace slm::model

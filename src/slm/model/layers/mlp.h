@@ -1,0 +1,20 @@
+#pragma once
+// F: a dense SwiGLU channel layer (the E slots moe.layer_freq skips become F, and MTP modules may use F).
+#include "slm/model/layer.h"
+#include "slm/recipe/recipe.h"
+
+namespace slm::model {
+
+class MLPLayer : public Layer {
+ public:
+  MLPLayer(const Recipe& recipe, const torch::TensorOptions& options);
+  char letter() const override { return 'F'; }
+  const char* class_name() const override { return "MLPLayer"; }
+  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
+  std::unique_ptr<LayerCache> make_cache(int64_t, int64_t, int64_t) const override { return nullptr; }
+
+  SwiGLU mlp{nullptr};
+};
+
+}  // namespace slm::model

@@ -1,0 +1,160 @@
+#include "slm/model/layers/moe.h"
+
+#include <torch/torch.h>
+
+namespace slm::model {
+
+namespace {
+// Affinities are computed in fp32 at least (fp64 stays fp64 so gradient checks see exact arithmetic).
+torch::ScalarType router_dtype(const torch::Tensor& u) {
+  return u.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+}
+
+torch::Tensor expert_ffn(const torch::Tensor& x, const torch::Tensor& w13, const torch::Tensor& w2) {
+  return at::linear(swiglu_activation(at::linear(x, w13)), w2);
+}
+}  // namespace
+
+Routing route(const torch::Tensor& router_logits, const torch::Tensor& bias, int64_t k, double scaling_factor) {
+  Routing r;
+  r.scores = torch::sigmoid(router_logits);
+  auto biased = r.scores.detach() + bias.to(r.scores.scalar_type());
+  r.experts = std::get<1>(biased.topk(k, -1));
+  auto selected = r.scores.gather(1, r.experts);
+  r.weights = selected / selected.sum(-1, true) * scaling_factor;
+  return r;
+}
+
+torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const torch::Tensor& w13,
+                               const torch::Tensor& w2) {
+  const int64_t k = routing.experts.size(1), num_experts = w13.size(0);
+  auto flat = routing.experts.reshape({-1});
+  auto order = torch::argsort(flat, /*stable=*/true);
+  auto token = order.div(k, "floor");
+  auto counts = torch::bincount(flat, {}, num_experts).cpu();
+  auto xs = u.index_select(0, token);
+  std::vector<torch::Tensor> outs;
+  int64_t offset = 0;
+  auto c = counts.accessor<int64_t, 1>();
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (c[e] == 0) continue;
+    outs.push_back(expert_ffn(xs.narrow(0, offset, c[e]), w13[e], w2[e]));
+    offset += c[e];
+  }
+  auto ys = torch::cat(outs, 0);
+  auto gate = routing.weights.reshape({-1}).index_select(0, order).to(ys.scalar_type());
+  return torch::zeros_like(u).index_add(0, token, ys * gate.unsqueeze(1));
+}
+
+torch::Tensor dense_experts_reference(const torch::Tensor& u, const Routing& routing, const torch::Tensor& w13,
+                                      const torch::Tensor& w2) {
+  const int64_t num_experts = w13.size(0);
+  auto gates = torch::zeros({u.size(0), num_experts}, routing.weights.options())
+                   .scatter(1, routing.experts, routing.weights)
+                   .to(u.scalar_type());
+  auto out = torch::zeros_like(u);
+  for (int64_t e = 0; e < num_experts; ++e) out = out + gates.select(1, e).unsqueeze(1) * expert_ffn(u, w13[e], w2[e]);
+  return out;
+}
+
+torch::Tensor expert_load(const torch::Tensor& experts, int64_t num_experts) {
+  return torch::bincount(experts.reshape({-1}), {}, num_experts);
+}
+
+double max_violation(const torch::Tensor& load) {
+  auto l = load.to(torch::kDouble);
+  double mean = l.mean().item<double>();
+  return mean > 0 ? (l.max().item<double>() - mean) / mean : 0.0;
+}
+
+void update_balancing_bias(torch::Tensor& bias, const torch::Tensor& load, double rate) {
+  torch::NoGradGuard no_grad;
+  auto l = load.to(bias.device(), torch::kFloat);
+  bias.add_(torch::sign(l.mean() - l).to(bias.scalar_type()), rate);
+}
+
+ExpertsImpl::ExpertsImpl(int64_t num_experts, int64_t d_model, int64_t hidden, const torch::TensorOptions& options) {
+  w13 = register_parameter("w13", torch::empty({num_experts, 2 * hidden, d_model}, options));
+  w2 = register_parameter("w2", torch::zeros({num_experts, d_model, hidden}, options));
+  init_fan_in_uniform(w13, d_model);
+}
+
+MoEImpl::MoEImpl(const Recipe& r, const torch::TensorOptions& options)
+    : num_experts(r.moe->routed_experts),
+      top_k(r.moe->experts_per_token),
+      scaling_factor(r.moe->routed_scaling_factor),
+      bias_rate(r.moe->bias_update_rate),
+      aux_weight(r.moe->aux_loss_weight) {
+  const auto& m = *r.moe;
+  router = register_module("router", Linear(r.d_model, num_experts, options));
+  experts = register_module("experts", Experts(num_experts, r.d_model, m.expert_hidden, options));
+  if (m.shared_experts > 0)
+    shared = register_module("shared", SwiGLU(r.d_model, 1LL * m.shared_experts * m.shared_expert_hidden, options));
+  auto f32 = options.dtype(torch::kFloat);
+  expert_bias = register_buffer("expert_bias", torch::zeros({num_experts}, f32));
+  pending_load_ = torch::zeros({num_experts}, f32.dtype(torch::kLong));
+  last_load_ = pending_load_.clone();
+}
+
+Routing MoEImpl::route_tokens(const torch::Tensor& u) const {
+  auto dt = router_dtype(u);
+  return route(at::linear(u.to(dt), router->weight.to(dt)), expert_bias, top_k, scaling_factor);
+}
+
+torch::Tensor MoEImpl::sequence_aux_loss(const Routing& routing, int64_t batch, int64_t seq) const {
+  // DeepSeek-V3 eq. 17-20: f_i = E/(k*T) * #selections of i in the sequence (constant), P_i = mean_t of the
+  // normalized affinity; loss = weight * sum_i f_i * P_i, averaged over sequences.
+  auto sel = torch::zeros({batch, num_experts}, routing.scores.options())
+                 .scatter_add_(1, routing.experts.view({batch, seq * top_k}),
+                               torch::ones({batch, seq * top_k}, routing.scores.options()));
+  auto f = sel * (static_cast<double>(num_experts) / static_cast<double>(top_k * seq));
+  auto s = routing.scores.view({batch, seq, num_experts});
+  auto p = (s / s.sum(-1, true)).mean(1);
+  return (f * p).sum(-1).mean() * aux_weight;
+}
+
+torch::Tensor MoEImpl::forward(const torch::Tensor& h) {
+  const int64_t b = h.size(0), t = h.size(1), d = h.size(2);
+  auto u = h.reshape({b * t, d});
+  Routing routing = route_tokens(u);
+  auto out = dispatch_experts(u, routing, experts->w13, experts->w2);
+  if (shared) out = out + shared(u);
+  {
+    torch::NoGradGuard no_grad;
+    last_load_ = expert_load(routing.experts, num_experts);
+    if (is_training()) pending_load_ += last_load_.to(pending_load_.device());
+  }
+  aux_loss_ = (is_training() && aux_weight > 0) ? sequence_aux_loss(routing, b, t) : torch::Tensor();
+  return out.view({b, t, d});
+}
+
+torch::Tensor MoEImpl::forward_reference(const torch::Tensor& h) {
+  const int64_t b = h.size(0), t = h.size(1), d = h.size(2);
+  auto u = h.reshape({b * t, d});
+  auto out = dense_experts_reference(u, route_tokens(u), experts->w13, experts->w2);
+  if (shared) out = out + shared(u);
+  return out.view({b, t, d});
+}
+
+RouterStats MoEImpl::last_stats() const {
+  RouterStats s;
+  auto l = last_load_.cpu();
+  s.load.assign(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + l.numel());
+  s.max_violation = max_violation(l);
+  return s;
+}
+
+void MoEImpl::update_bias() {
+  update_balancing_bias(expert_bias, pending_load_, bias_rate);
+  pending_load_.zero_();
+}
+
+MoELayer::MoELayer(const Recipe& r, const torch::TensorOptions& options) : Layer(r.d_model, r.norm_eps, options) {
+  moe = register_module("moe", MoE(r, options));
+}
+
+torch::Tensor MoELayer::forward(const torch::Tensor& x) { return moe(norm(x)); }
+
+torch::Tensor MoELayer::prefill(const torch::Tensor& x, LayerCache*) { return moe(norm(x)); }
+
+}  // namespace slm::model

@@ -1,0 +1,95 @@
+#pragma once
+// E: a fine-grained MoE channel layer, DeepSeek-V3 style. N routed SwiGLU experts (top-k per token) plus
+// always-on shared expert(s); sigmoid affinities in fp32; the balancing bias changes selection only;
+// dropless sort-by-expert dispatch.
+#include <vector>
+
+#include "slm/model/layer.h"
+#include "slm/recipe/recipe.h"
+
+namespace slm::model {
+
+struct Routing {
+  torch::Tensor scores;   // [N, E] sigmoid affinities (fp32, or fp64 for fp64 inputs)
+  torch::Tensor experts;  // [N, k] selected experts (int64)
+  torch::Tensor weights;  // [N, k] gate weights: selected affinities normalized, times the scaling factor
+};
+
+// Top-k on scores + bias; the weights come from the unbiased scores.
+Routing route(const torch::Tensor& router_logits, const torch::Tensor& bias, int64_t k, double scaling_factor);
+
+// Routed-expert output for u [N, D]: assignments sorted by expert, each expert run once on its contiguous
+// slice, scaled and scattered back with index_add. w13 [E, 2f, D] ([gate; up]), w2 [E, D, f].
+torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const torch::Tensor& w13,
+                               const torch::Tensor& w2);
+
+// Every expert on every token, masked by the gate weights; the reference dispatch_experts must match.
+torch::Tensor dense_experts_reference(const torch::Tensor& u, const Routing& routing, const torch::Tensor& w13,
+                                      const torch::Tensor& w2);
+
+// Tokens routed to each expert, [E] int64.
+torch::Tensor expert_load(const torch::Tensor& experts, int64_t num_experts);
+
+// (max load - mean load) / mean load.
+double max_violation(const torch::Tensor& load);
+
+// Aux-loss-free balancing step: bias_e += rate * sign(mean(load) - load_e), in place.
+void update_balancing_bias(torch::Tensor& bias, const torch::Tensor& load, double rate);
+
+struct RouterStats {
+  std::vector<int64_t> load;  // tokens per expert in the last forward
+  double max_violation = 0.0;
+};
+
+// Stacked routed-expert weights: "w13" [E, 2f, D] ([gate; up] like SwiGLU), "w2" [E, D, f].
+class ExpertsImpl : public torch::nn::Module {
+ public:
+  ExpertsImpl(int64_t num_experts, int64_t d_model, int64_t hidden, const torch::TensorOptions& options);
+  torch::Tensor w13, w2;
+};
+TORCH_MODULE(Experts);
+
+// The "moe" sub-module: router, stacked experts, shared expert, balancing bias buffer.
+class MoEImpl : public torch::nn::Module {
+ public:
+  MoEImpl(const Recipe& recipe, const torch::TensorOptions& options);
+  torch::Tensor forward(const torch::Tensor& h);  // h [B, T, D], already normalized
+  // Routing and routed output of the dense reference path, for tests (same weights, same routing).
+  torch::Tensor forward_reference(const torch::Tensor& h);
+
+  Routing route_tokens(const torch::Tensor& u) const;
+  RouterStats last_stats() const;
+  // Loads accumulated over the training forwards since the last bias update (all-reduce this across ranks
+  // before update_bias to balance on the global batch).
+  torch::Tensor& pending_load() { return pending_load_; }
+  // Applies the balancing step from the pending loads, then clears them. Call after each optimizer step.
+  void update_bias();
+  // Sequence-wise auxiliary loss of the last training forward (already weighted); undefined when off.
+  const torch::Tensor& aux_loss() const { return aux_loss_; }
+
+  int64_t num_experts, top_k;
+  double scaling_factor, bias_rate, aux_weight;
+  Linear router{nullptr};
+  Experts experts{nullptr};
+  SwiGLU shared{nullptr};
+  torch::Tensor expert_bias;  // buffer, fp32
+
+ private:
+  torch::Tensor sequence_aux_loss(const Routing& routing, int64_t batch, int64_t seq) const;
+  torch::Tensor last_load_, pending_load_, aux_loss_;
+};
+TORCH_MODULE(MoE);
+
+class MoELayer : public Layer {
+ public:
+  MoELayer(const Recipe& recipe, const torch::TensorOptions& options);
+  char letter() const override { return 'E'; }
+  const char* class_name() const override { return "MoELayer"; }
+  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
+  std::unique_ptr<LayerCache> make_cache(int64_t, int64_t, int64_t) const override { return nullptr; }
+
+  MoE moe{nullptr};
+};
+
+}  // namespace slm::model
