@@ -77,9 +77,11 @@ void check_pattern_letters(const JsonObjectReader& r, const std::string& key, co
   for (size_t i = 0; i < pattern.size(); ++i) {
     char c = pattern[i];
     if (is_pattern_letter(c)) continue;
-    std::string msg = "unknown pattern letter '" + std::string(1, c) + "' at position " + std::to_string(i);
-    if (c == 'C') msg = "pattern letter 'C' at position " + std::to_string(i) + " is reserved and has no implementation";
-    r.fail(key, msg + "; known letters: A (attention), E (MoE), M (Mamba-3), R (M2RNN), F (dense MLP)");
+    std::ostringstream msg;
+    if (c == 'C') msg << "pattern letter 'C' at position " << i << " is reserved and has no implementation";
+    else msg << "unknown pattern letter '" << c << "' at position " << i;
+    msg << "; known letters: A (attention), E (MoE), M (Mamba-3), R (M2RNN), F (dense MLP)";
+    r.fail(key, msg.str());
   }
 }
 
