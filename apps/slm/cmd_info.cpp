@@ -19,7 +19,7 @@ void add_info_command(CLI::App& app) {
     std::cout << "CPU threads " << torch::get_num_threads() << "\n";
     bool cuda = torch::cuda::is_available();
     std::cout << "CUDA available: " << (cuda ? "yes" : "no");
-    if (cuda) std::cout << ", " << torch::cuda::device_count() << " device(s)";
+    if (cuda) std::cout << ", " << static_cast<int>(torch::cuda::device_count()) << " device(s)";
     std::cout << "\n";
   });
 }
