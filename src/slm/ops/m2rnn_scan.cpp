@@ -1,0 +1,145 @@
+#include "slm/ops/m2rnn_scan.h"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "slm/util/error.h"
+
+namespace slm::ops {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::string shape_text(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+void expect_shape(const at::Tensor& t, std::vector<int64_t> shape, const char* what) {
+  if (!t.defined() || t.sizes() != at::IntArrayRef(shape)) {
+    at::Tensor want = at::empty(shape, at::TensorOptions().device(at::kMeta));
+    throw Error(std::string("m2rnn: ") + what + " has shape " + shape_text(t) + ", expected " + shape_text(want));
+  }
+}
+
+struct Update {
+  at::Tensor h, z;  // H_t and Z_t = tanh(H_{t-1} W + k vᵀ)
+};
+
+// k [B, Nh, K], v [B, Nh, V], f [B, Nh], h_prev [B, Nh, K, V].
+Update update(const at::Tensor& h_prev, const at::Tensor& k, const at::Tensor& v, const at::Tensor& f,
+              const at::Tensor& w) {
+  auto z = at::tanh(h_prev.matmul(w) + k.unsqueeze(-1) * v.unsqueeze(-2));
+  auto fe = f.unsqueeze(-1).unsqueeze(-1);
+  return {fe * h_prev + (1 - fe) * z, z};
+}
+
+// Hᵀ q: q [B, Nh, K] -> [B, Nh, V].
+at::Tensor read(const at::Tensor& h, const at::Tensor& q) { return q.unsqueeze(-2).matmul(h).squeeze(-2); }
+
+// y_t = H_tᵀ q_t over a whole sequence with checkpointed, clipped backpropagation through time.
+class CheckpointedScan : public torch::autograd::Function<CheckpointedScan> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& f, const at::Tensor& w, const at::Tensor& h0, double clip,
+                               int64_t every) {
+    const int64_t t_len = q.size(1);
+    std::vector<at::Tensor> checkpoints, ys;
+    ys.reserve(t_len);
+    auto h = h0;
+    for (int64_t t = 0; t < t_len; ++t) {
+      if (t % every == 0) checkpoints.push_back(h);
+      h = update(h, k.select(1, t), v.select(1, t), f.select(1, t), w).h;
+      ys.push_back(read(h, q.select(1, t)));
+    }
+    ctx->save_for_backward({q, k, v, f, w, at::stack(checkpoints)});
+    ctx->saved_data["clip"] = clip;
+    ctx->saved_data["every"] = every;
+    return {at::stack(ys, 1), h};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &f = saved[3], &w = saved[4], &checkpoints = saved[5];
+    const double clip = ctx->saved_data["clip"].toDouble();
+    const int64_t every = ctx->saved_data["every"].toInt();
+    const int64_t t_len = q.size(1);
+    const auto& dy = grads[0];
+    auto dh = grads[1].defined() ? grads[1] : at::zeros_like(checkpoints[0]);
+    const auto w_t = w.transpose(-1, -2);
+    std::vector<at::Tensor> dq(t_len), dk(t_len), dv(t_len), df(t_len);
+    auto dw = at::zeros_like(w);
+    for (int64_t c = checkpoints.size(0) - 1; c >= 0; --c) {
+      const int64_t start = c * every, end = std::min(t_len, start + every);
+      std::vector<at::Tensor> hs = {checkpoints[c]}, zs;  // hs[i] = H_{start+i-1}
+      for (int64_t t = start; t < end; ++t) {
+        auto u = update(hs.back(), k.select(1, t), v.select(1, t), f.select(1, t), w);
+        hs.push_back(u.h);
+        zs.push_back(u.z);
+      }
+      for (int64_t t = end - 1; t >= start; --t) {
+        const auto &h_t = hs[t - start + 1], &h_prev = hs[t - start], &z = zs[t - start];
+        const auto q_t = q.select(1, t), k_t = k.select(1, t), v_t = v.select(1, t);
+        if (dy.defined()) {
+          const auto dy_t = dy.select(1, t);
+          dh = dh + q_t.unsqueeze(-1) * dy_t.unsqueeze(-2);
+          dq[t] = h_t.matmul(dy_t.unsqueeze(-1)).squeeze(-1);
+        } else {
+          dq[t] = at::zeros_like(q_t);
+        }
+        if (clip > 0) dh = dh.clamp(-clip, clip);
+        const auto fe = f.select(1, t).unsqueeze(-1).unsqueeze(-1);
+        const auto du = (1 - fe) * dh * (1 - z * z);  // through the convex mix and the tanh
+        dw = dw + h_prev.transpose(-1, -2).matmul(du).sum(0);
+        dk[t] = du.matmul(v_t.unsqueeze(-1)).squeeze(-1);
+        dv[t] = du.transpose(-1, -2).matmul(k_t.unsqueeze(-1)).squeeze(-1);
+        df[t] = (dh * (h_prev - z)).sum({-2, -1});
+        dh = fe * dh + du.matmul(w_t);
+      }
+    }
+    return {at::stack(dq, 1), at::stack(dk, 1), at::stack(dv, 1), at::stack(df, 1), dw, dh, {}, {}};
+  }
+};
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> m2rnn_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const at::Tensor& f, const at::Tensor& w, const at::Tensor& d,
+                                             const at::Tensor& h0, double grad_clip, int64_t checkpoint_every) {
+  if (!q.defined() || q.dim() != 4) throw Error("m2rnn: q must be [B, T, Nh, K], got " + shape_text(q));
+  if (!v.defined() || v.dim() != 4) throw Error("m2rnn: v must be [B, T, Nh, V], got " + shape_text(v));
+  const int64_t b = q.size(0), t = q.size(1), nh = q.size(2), kd = q.size(3), vd = v.size(3);
+  if (t < 1) throw Error("m2rnn: the sequence holds no tokens");
+  if (checkpoint_every < 1) throw Error("m2rnn: checkpoint_every must be >= 1, got " + std::to_string(checkpoint_every));
+  expect_shape(k, {b, t, nh, kd}, "k");
+  expect_shape(v, {b, t, nh, vd}, "v");
+  expect_shape(f, {b, t, nh}, "forget gate");
+  expect_shape(w, {nh, vd, vd}, "state_weight");
+  expect_shape(d, {nh, vd}, "D");
+  expect_shape(h0, {b, nh, kd, vd}, "state");
+  auto out = CheckpointedScan::apply(q, k, v, f, w, h0, grad_clip, checkpoint_every);
+  return {out[0] + d * v, out[1]};
+}
+
+std::pair<at::Tensor, at::Tensor> m2rnn_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const at::Tensor& f, const at::Tensor& w, const at::Tensor& d,
+                                             const at::Tensor& h) {
+  if (!h.defined() || h.dim() != 4) throw Error("m2rnn: state must be [B, Nh, K, V], got " + shape_text(h));
+  const int64_t b = h.size(0), nh = h.size(1), kd = h.size(2), vd = h.size(3);
+  expect_shape(q, {b, nh, kd}, "step q");
+  expect_shape(k, {b, nh, kd}, "step k");
+  expect_shape(v, {b, nh, vd}, "step v");
+  expect_shape(f, {b, nh}, "step forget gate");
+  expect_shape(w, {nh, vd, vd}, "state_weight");
+  expect_shape(d, {nh, vd}, "D");
+  auto next = update(h, k, v, f, w).h;
+  return {read(next, q) + d * v, next};
+}
+
+}  // namespace slm::ops

@@ -1,0 +1,263 @@
+#include "slm/ops/mamba3_scan.h"
+
+#include <ATen/ATen.h>
+
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "slm/util/error.h"
+
+namespace slm::ops {
+
+namespace {
+
+constexpr double kTwoPi = 2.0 * std::numbers::pi;
+
+std::string shape_text(const at::Tensor& t) {
+  if (!t.defined()) return "undefined";
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+void expect_shape(const at::Tensor& t, const std::vector<int64_t>& shape, const char* what) {
+  if (!t.defined() || t.sizes() != at::IntArrayRef(shape))
+    throw Error(std::string("mamba3: ") + what + " has shape " + shape_text(t) + ", expected " +
+                shape_text(at::empty(shape, at::TensorOptions().device(at::kMeta))));
+}
+
+// Phases and decay sums lose too much in half precision, so nothing below float32 is computed in.
+at::ScalarType compute_type(const at::Tensor& t) {
+  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+}
+
+at::Tensor heavy_tail(const at::Tensor& u) { return u.clamp_min(0) + at::reciprocal(1 - u.clamp_max(0)); }
+
+// t [B, T, H, R, N] rotated on interleaved pairs (2i, 2i+1), i < S, by phase [B, T, H, S].
+at::Tensor rotate(const at::Tensor& t, const at::Tensor& phase) {
+  const int64_t s = phase.size(-1), n = t.size(-1);
+  auto cos = phase.cos().unsqueeze(3), sin = phase.sin().unsqueeze(3);
+  auto pairs = t.narrow(-1, 0, 2 * s).unflatten(-1, {s, 2});
+  auto u = pairs.select(-1, 0), v = pairs.select(-1, 1);
+  auto rotated = at::stack({u * cos - v * sin, u * sin + v * cos}, -1).flatten(-2);
+  return 2 * s == n ? rotated : at::cat({rotated, t.narrow(-1, 2 * s, n - 2 * s)}, -1);
+}
+
+// x [..., H, P] -> per-rank values [..., H, R, P].
+at::Tensor rank_values(const at::Tensor& x, const at::Tensor& mimo_x) {
+  auto v = x.unsqueeze(-2);
+  return mimo_x.defined() ? v * mimo_x : v;
+}
+
+// Σ_r v_r k_rᵀ for v [B, H, R, P], k [B, H, R, N] -> [B, H, P, N].
+at::Tensor outer_sum(const at::Tensor& v, const at::Tensor& k) { return v.transpose(-1, -2).matmul(k); }
+
+void check_sequence(const Mamba3Sequence& s, const Mamba3State& st) {
+  if (!s.q.defined() || s.q.dim() != 5) throw Error("mamba3: sequence q must be [B, T, H, R, N], got " + shape_text(s.q));
+  const int64_t b = s.q.size(0), t = s.q.size(1), h = s.q.size(2), r = s.q.size(3), n = s.q.size(4);
+  if (t < 1) throw Error("mamba3: the sequence holds no tokens");
+  const int64_t p = s.x.defined() && s.x.dim() == 4 ? s.x.size(3) : -1;
+  expect_shape(s.k, {b, t, h, r, n}, "sequence k");
+  expect_shape(s.x, {b, t, h, p}, "sequence x");
+  expect_shape(s.a, {b, t, h}, "sequence a");
+  expect_shape(s.gamma, {b, t, h}, "sequence gamma");
+  expect_shape(s.eps, {b, t, h}, "sequence eps");
+  expect_shape(s.d, {h}, "D");
+  if (s.mimo_x.defined()) expect_shape(s.mimo_x, {h, r, p}, "mimo_x");
+  else if (r != 1) throw Error("mamba3: rank " + std::to_string(r) + " needs mimo_x");
+  expect_shape(st.ssm, {b, h, p, n}, "state ssm");
+  expect_shape(st.k, {b, h, r, n}, "state k");
+  expect_shape(st.x, {b, h, p}, "state x");
+}
+
+struct Cast {
+  at::Tensor q, k, x, a, gamma, eps, mimo_x, d, ssm, k_prev, x_prev;
+};
+
+Cast cast(const Mamba3Sequence& s, const Mamba3State& st) {
+  const auto ct = compute_type(s.x);
+  auto c = [ct](const at::Tensor& t) { return t.defined() ? t.to(ct) : t; };
+  return {c(s.q), c(s.k), c(s.x), c(s.a), c(s.gamma), c(s.eps), c(s.mimo_x), c(s.d), c(st.ssm), c(st.k), c(st.x)};
+}
+
+}  // namespace
+
+Mamba3State mamba3_zero_state(int64_t batch, int64_t heads, int64_t headdim, int64_t d_state, int64_t rank,
+                              int64_t angles, const at::TensorOptions& options) {
+  return {at::zeros({batch, heads, angles}, options), at::zeros({batch, heads, headdim, d_state}, options),
+          at::zeros({batch, heads, rank, d_state}, options), at::zeros({batch, heads, headdim}, options)};
+}
+
+Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights& w, const at::Tensor& angle0) {
+  if (!p.x.defined() || p.x.dim() != 4) throw Error("mamba3: x must be [B, T, H, P], got " + shape_text(p.x));
+  if (!p.b.defined() || p.b.dim() != 5) throw Error("mamba3: B must be [B, T, R, G, N], got " + shape_text(p.b));
+  const int64_t bsz = p.x.size(0), t = p.x.size(1), h = p.x.size(2), pd = p.x.size(3);
+  const int64_t r = p.b.size(2), g = p.b.size(3), n = p.b.size(4);
+  const int64_t s = p.angle.defined() && p.angle.dim() == 3 ? p.angle.size(2) : -1;
+  if (t < 1) throw Error("mamba3: the sequence holds no tokens");
+  if (g < 1 || h % g) throw Error("mamba3: " + std::to_string(h) + " heads do not split into " + std::to_string(g) + " groups");
+  if (s < 1 || 2 * s > n)
+    throw Error("mamba3: " + std::to_string(s) + " rotary angles do not fit d_state " + std::to_string(n));
+  expect_shape(p.c, {bsz, t, r, g, n}, "C");
+  expect_shape(p.dd_dt, {bsz, t, h}, "dd_dt");
+  expect_shape(p.dd_a, {bsz, t, h}, "dd_A");
+  expect_shape(p.trap, {bsz, t, h}, "trap");
+  expect_shape(p.angle, {bsz, t, s}, "angle");
+  expect_shape(w.dt_bias, {h}, "dt_bias");
+  expect_shape(w.b_bias, {h, r, n}, "B_bias");
+  expect_shape(w.c_bias, {h, r, n}, "C_bias");
+  expect_shape(w.b_norm, {n}, "B_norm weight");
+  expect_shape(w.c_norm, {n}, "C_norm weight");
+  expect_shape(w.d, {h}, "D");
+  expect_shape(angle0, {bsz, h, s}, "angle state");
+  if (w.mimo_x.defined()) expect_shape(w.mimo_x, {h, r, pd}, "mimo_x");
+  else if (r != 1) throw Error("mamba3: rank " + std::to_string(r) + " needs mimo_x");
+
+  const auto ct = compute_type(p.x);
+  Mamba3Sequence out;
+  const auto dt = at::softplus(p.dd_dt.to(ct) + w.dt_bias.to(ct));
+  const auto lambda = at::sigmoid(p.trap.to(ct));
+  out.a = -heavy_tail(p.dd_a.to(ct)).clamp_min(w.a_floor) * dt;
+  out.gamma = lambda * dt;
+  out.eps = (1 - lambda) * dt;
+
+  // The phase is a running sum; wrapping it into [0, 2π) keeps float32 precise on long sequences (floor has
+  // zero gradient, so the wrap does not disturb training).
+  auto theta = std::numbers::pi * at::tanh(p.angle.to(ct));
+  auto phase = angle0.to(ct).unsqueeze(1) + at::cumsum(dt.unsqueeze(-1) * theta.unsqueeze(2), 1);
+  phase = phase - kTwoPi * at::floor(phase / kTwoPi);
+
+  auto heads_of = [&](const at::Tensor& bc, const at::Tensor& gain, const at::Tensor& bias) {
+    auto normed = at::rms_norm(bc.to(ct), {n}, gain.to(ct), w.norm_eps);
+    if (g != h) normed = normed.repeat_interleave(h / g, 3);
+    return rotate(normed.permute({0, 1, 3, 2, 4}) + bias.to(ct), phase);
+  };
+  out.q = heads_of(p.c, w.c_norm, w.c_bias);
+  out.k = heads_of(p.b, w.b_norm, w.b_bias);
+  out.x = p.x.to(ct);
+  out.final_angle = phase.select(1, t - 1);
+  out.mimo_x = w.mimo_x.defined() ? w.mimo_x.to(ct) : w.mimo_x;
+  out.d = w.d.to(ct);
+  return out;
+}
+
+std::pair<at::Tensor, Mamba3State> mamba3_scan_sequential(const Mamba3Sequence& s, const Mamba3State& state) {
+  check_sequence(s, state);
+  const Cast c = cast(s, state);
+  const int64_t t = c.q.size(1);
+  auto ssm = c.ssm;
+  auto k_prev = c.k_prev;
+  auto v_prev = rank_values(c.x_prev, c.mimo_x);
+  auto v = rank_values(c.x, c.mimo_x);  // [B, T, H, R, P]
+  auto alpha = at::exp(c.a).unsqueeze(-1).unsqueeze(-1);
+  auto beta = c.eps.unsqueeze(-1).unsqueeze(-1) * alpha;
+  auto gamma = c.gamma.unsqueeze(-1).unsqueeze(-1);
+  auto d = c.d.view({-1, 1, 1});
+  std::vector<at::Tensor> ys;
+  ys.reserve(t);
+  for (int64_t i = 0; i < t; ++i) {
+    auto q_i = c.q.select(1, i), k_i = c.k.select(1, i), v_i = v.select(1, i);
+    ssm = alpha.select(1, i) * ssm + beta.select(1, i) * outer_sum(v_prev, k_prev) + gamma.select(1, i) * outer_sum(v_i, k_i);
+    ys.push_back(q_i.matmul(ssm.transpose(-1, -2)) + d * v_i);
+    k_prev = k_i;
+    v_prev = v_i;
+  }
+  return {at::stack(ys, 1), {s.final_angle, ssm, k_prev, c.x.select(1, t - 1)}};
+}
+
+std::pair<at::Tensor, Mamba3State> mamba3_step(const Mamba3Sequence& s, const Mamba3State& state) {
+  if (s.q.defined() && s.q.dim() == 5 && s.q.size(1) != 1)
+    throw Error("mamba3: a decode step takes one token, got " + std::to_string(s.q.size(1)));
+  return mamba3_scan_sequential(s, state);
+}
+
+std::pair<at::Tensor, Mamba3State> mamba3_scan_chunked(const Mamba3Sequence& s, const Mamba3State& state,
+                                                       int64_t chunk_size) {
+  check_sequence(s, state);
+  if (chunk_size < 1) throw Error("mamba3: chunk_size must be >= 1, got " + std::to_string(chunk_size));
+  const Cast c = cast(s, state);
+  const int64_t b = c.q.size(0), t = c.q.size(1), h = c.q.size(2), r = c.q.size(3), n = c.q.size(4);
+  const int64_t p = c.x.size(3), q_len = chunk_size, nc = (t + q_len - 1) / q_len, pad = nc * q_len - t;
+  const int64_t qr = q_len * r;
+
+  // σ_s = γ_s + ε_{s+1} couples each token to the next one across chunk boundaries, so it is formed on the
+  // whole sequence; past the last token ε is 0 (its β term belongs to the next call, via the initial state).
+  auto eps_next = at::constant_pad_nd(c.eps.narrow(1, 1, t - 1), {0, 0, 0, 1});
+  auto sigma = c.gamma + eps_next;
+
+  // Token-major [B, T, H, ...] -> head-major chunks [B, H, nc, Q(·R), ...]; padded tokens have zero
+  // inputs and zero decay, so they leave both the outputs and the final state untouched.
+  auto chunk_rows = [&](const at::Tensor& x5) {  // [B, T, H, R, X] -> [B, H, nc, Q·R, X]
+    return at::constant_pad_nd(x5, {0, 0, 0, 0, 0, 0, 0, pad}).permute({0, 2, 1, 3, 4}).reshape({b, h, nc, qr, x5.size(4)});
+  };
+  auto chunk_scalars = [&](const at::Tensor& x3) {  // [B, T, H] -> [B, H, nc, Q]
+    return at::constant_pad_nd(x3, {0, 0, 0, pad}).permute({0, 2, 1}).reshape({b, h, nc, q_len});
+  };
+  auto per_row = [&](const at::Tensor& x4) {  // [B, H, nc, Q] -> [B, H, nc, Q·R, 1]
+    return x4.unsqueeze(-1).expand({b, h, nc, q_len, r}).reshape({b, h, nc, qr, 1});
+  };
+  auto v_tok = rank_values(c.x, c.mimo_x);  // [B, T, H, R, P]
+  auto qc = chunk_rows(c.q), kc = chunk_rows(c.k), vc = chunk_rows(v_tok);
+  auto cum = at::cumsum(chunk_scalars(c.a), -1);  // c̄, inclusive within each chunk
+  auto sig = chunk_scalars(sigma), gam = chunk_scalars(c.gamma);
+
+  // Intra-chunk: L[t,s] = e^{c̄_t - c̄_s} σ_s below the diagonal, γ_t on it, one block per rank pair. The
+  // exponent is clamped at 0 so the (masked) upper triangle cannot overflow into inf·0 = NaN.
+  auto opts = cum.options();
+  auto strict = at::ones({q_len, q_len}, opts).tril(-1);
+  auto eye = at::eye(q_len, opts);
+  auto decay = at::exp((cum.unsqueeze(-1) - cum.unsqueeze(-2)).clamp_max(0));
+  auto lmask = decay * sig.unsqueeze(-2) * strict + gam.unsqueeze(-1) * eye;  // [B, H, nc, Q, Q]
+  lmask = lmask.unsqueeze(-1).unsqueeze(-3).expand({b, h, nc, q_len, r, q_len, r}).reshape({b, h, nc, qr, qr});
+  auto y = (qc.matmul(kc.transpose(-1, -2)) * lmask).matmul(vc);  // [B, H, nc, Q·R, P]
+
+  // Each chunk's own contribution to the state at its end (as if it started from zero).
+  auto last = cum.narrow(-1, q_len - 1, 1);  // [B, H, nc, 1]
+  auto w_loc = per_row(at::exp(last - cum) * sig);
+  auto h_loc = (vc * w_loc).transpose(-1, -2).matmul(kc);  // [B, H, nc, P, N]
+
+  // Carry across chunks as one matmul: the state entering chunk j (j = nc is the final state) is
+  // e^{C_j} H_0 + Σ_{i<j} e^{C_j - C_{i+1}} h_loc_i, with C_j the decay summed over chunks before j.
+  auto totals = last.squeeze(-1);                        // [B, H, nc]
+  auto incl = at::cumsum(totals, -1);                    // C_{i+1}
+  auto excl = at::constant_pad_nd(incl, {1, 0});         // C_j, j = 0..nc
+  auto carry_mask = at::ones({nc + 1, nc}, opts).tril(-1);
+  auto carry = at::exp((excl.unsqueeze(-1) - incl.unsqueeze(-2)).clamp_max(0)) * carry_mask;  // [B, H, nc+1, nc]
+  // H_0 takes the pending β term of the cached token: β_0 = ε_0 α_0, and α_0 is part of every e^{c̄}.
+  auto h0 = c.ssm + c.eps.select(1, 0).unsqueeze(-1).unsqueeze(-1) * outer_sum(rank_values(c.x_prev, c.mimo_x), c.k_prev);
+  auto states = carry.matmul(h_loc.reshape({b, h, nc, p * n})) + at::exp(excl).unsqueeze(-1) * h0.reshape({b, h, 1, p * n});
+  states = states.view({b, h, nc + 1, p, n});
+
+  // Inter-chunk: each query reads the state entering its chunk, decayed to its position.
+  y = y + per_row(at::exp(cum)) * qc.matmul(states.narrow(2, 0, nc).transpose(-1, -2));
+  y = y.view({b, h, nc * q_len, r, p}).narrow(2, 0, t).permute({0, 2, 1, 3, 4});
+  y = y + c.d.view({-1, 1, 1}) * v_tok;
+  return {y, {s.final_angle, states.select(2, nc), c.k.select(1, t - 1), c.x.select(1, t - 1)}};
+}
+
+at::Tensor mamba3_gate(const at::Tensor& y, const at::Tensor& z, const at::Tensor& mimo_z, const at::Tensor& mimo_o,
+                       const at::Tensor& norm_weight, double norm_eps) {
+  if (!y.defined() || y.dim() != 5) throw Error("mamba3: gate input y must be [B, T, H, R, P], got " + shape_text(y));
+  const int64_t b = y.size(0), t = y.size(1), h = y.size(2), r = y.size(3), p = y.size(4);
+  expect_shape(z, {b, t, h, p}, "z");
+  if (mimo_z.defined() != mimo_o.defined()) throw Error("mamba3: mimo_z and mimo_o come together");
+  if (mimo_z.defined()) {
+    expect_shape(mimo_z, {h, r, p}, "mimo_z");
+    expect_shape(mimo_o, {h, r, p}, "mimo_o");
+  } else if (r != 1) {
+    throw Error("mamba3: rank " + std::to_string(r) + " needs mimo_z and mimo_o");
+  }
+  auto o = y;
+  if (norm_weight.defined()) {
+    expect_shape(norm_weight, {h * p}, "out_norm weight");
+    o = at::rms_norm(o, {p}, std::nullopt, norm_eps) * norm_weight.to(o.scalar_type()).view({h, 1, p});
+  }
+  auto zr = z.to(o.scalar_type()).unsqueeze(3);
+  if (mimo_z.defined()) zr = zr * mimo_z.to(o.scalar_type());
+  o = o * at::silu(zr);
+  if (mimo_o.defined()) o = o * mimo_o.to(o.scalar_type());
+  return o.sum(3).flatten(2);
+}
+
+}  // namespace slm::ops
