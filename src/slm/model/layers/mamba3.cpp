@@ -1,0 +1,102 @@
+#include "slm/model/layers/mamba3.h"
+
+#include <torch/torch.h>
+
+#include <cmath>
+
+#include "slm/util/error.h"
+
+namespace slm::model {
+
+namespace {
+
+// The reference fixes the B/C and output norms' epsilon rather than taking the model's.
+constexpr double kMamba3NormEps = 1e-5;
+
+torch::ScalarType state_type(const torch::TensorOptions& o) {
+  return o.dtype() == torch::kDouble ? torch::kDouble : torch::kFloat;
+}
+
+}  // namespace
+
+Mamba3Impl::Mamba3Impl(const Recipe& r, const torch::TensorOptions& options) {
+  if (!r.mamba3) throw Error(r.source + ": pattern letter 'M' needs a \"mamba3\" section");
+  const auto& m = *r.mamba3;
+  d_inner = m.d_inner;
+  heads = m.heads;
+  headdim = m.headdim;
+  d_state = m.d_state;
+  rank = m.rank();
+  groups = m.ngroups;
+  angles = m.rope_angles();
+  chunk_size = m.chunk_size;
+  a_floor = m.A_floor;
+  if (heads * headdim != d_inner || heads % groups || angles < 1)
+    throw Error(r.source + ": mamba3: inconsistent derived sizes (heads " + std::to_string(heads) + ", headdim " +
+                std::to_string(headdim) + ", d_inner " + std::to_string(d_inner) + ", groups " +
+                std::to_string(groups) + ", rotary angles " + std::to_string(angles) + ")");
+
+  in_proj = register_module("in_proj", Linear(r.d_model, m.in_proj_width(r.d_model), options));
+  torch::NoGradGuard no_grad;
+  // Δ starts log-uniform in [dt_min, dt_max] (floored); dt_bias is its inverse softplus.
+  auto dt = torch::exp(torch::rand({heads}, options) * (std::log(m.dt_max) - std::log(m.dt_min)) + std::log(m.dt_min))
+                .clamp_min(m.dt_init_floor);
+  dt_bias = register_parameter("dt_bias", dt + torch::log(-torch::expm1(-dt)));
+  B_bias = register_parameter("B_bias", torch::ones({heads, rank, d_state}, options));
+  C_bias = register_parameter("C_bias", torch::ones({heads, rank, d_state}, options));
+  B_norm = register_module("B_norm", RMSNorm(d_state, kMamba3NormEps, options));
+  C_norm = register_module("C_norm", RMSNorm(d_state, kMamba3NormEps, options));
+  if (m.is_mimo) {
+    mimo_x = register_parameter("mimo_x", torch::full({heads, rank, headdim}, 1.0 / rank, options));
+    mimo_z = register_parameter("mimo_z", torch::ones({heads, rank, headdim}, options));
+    mimo_o = register_parameter("mimo_o", torch::full({heads, rank, headdim}, 1.0 / rank, options));
+  }
+  D = register_parameter("D", torch::ones({heads}, options));
+  if (m.is_outproj_norm) out_norm = register_module("out_norm", RMSNorm(d_inner, kMamba3NormEps, options));
+  out_proj = register_module("out_proj", Linear(d_inner, r.d_model, options));
+  out_proj->weight.zero_();  // a fresh layer adds nothing to the residual stream, like the other mixers
+}
+
+ops::Mamba3Weights Mamba3Impl::weights() const {
+  return {dt_bias, B_bias, C_bias, B_norm->weight, C_norm->weight, mimo_x, D, a_floor, kMamba3NormEps};
+}
+
+ops::Mamba3State Mamba3Impl::zero_state(int64_t batch) const {
+  auto o = D.options().dtype(state_type(D.options()));
+  return ops::mamba3_zero_state(batch, heads, headdim, d_state, rank, angles, o);
+}
+
+std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tensor& h, const ops::Mamba3State& state) {
+  const int64_t b = h.size(0), t = h.size(1), bc = rank * groups * d_state;
+  auto parts = in_proj(h).split_with_sizes({d_inner, d_inner, bc, bc, heads, heads, heads, angles}, -1);
+  ops::Mamba3Projections p{parts[1].view({b, t, heads, headdim}),
+                           parts[2].view({b, t, rank, groups, d_state}),
+                           parts[3].view({b, t, rank, groups, d_state}),
+                           parts[4],
+                           parts[5],
+                           parts[6],
+                           parts[7]};
+  auto seq = ops::mamba3_preprocess(p, weights(), state.angle);
+  auto [y, next] = t == 1 ? ops::mamba3_step(seq, state) : ops::mamba3_scan_chunked(seq, state, chunk_size);
+  auto z = parts[0].view({b, t, heads, headdim});
+  auto o = ops::mamba3_gate(y, z, mimo_z, mimo_o, out_norm ? out_norm->weight : torch::Tensor(), kMamba3NormEps);
+  return {out_proj(o.to(h.scalar_type())), next};
+}
+
+Mamba3Layer::Mamba3Layer(const Recipe& r, const torch::TensorOptions& options) : Layer(r.d_model, r.norm_eps, options) {
+  mamba = register_module("mamba", Mamba3(r, options));
+}
+
+torch::Tensor Mamba3Layer::forward(const torch::Tensor& x) { return mamba(norm(x), mamba->zero_state(x.size(0))).first; }
+
+torch::Tensor Mamba3Layer::prefill(const torch::Tensor& x, LayerCache* cache) {
+  auto* c = dynamic_cast<Mamba3Cache*>(cache);
+  if (!c) throw Error("Mamba3Layer::prefill needs the Mamba3Cache its make_cache created");
+  return run_recurrent(*c, norm(x), [this](const torch::Tensor& h, const ops::Mamba3State& s) { return mamba(h, s); });
+}
+
+std::unique_ptr<LayerCache> Mamba3Layer::make_cache(int64_t batch, int64_t, int64_t max_rollback) const {
+  return std::make_unique<Mamba3Cache>(mamba->zero_state(batch), max_rollback);
+}
+
+}  // namespace slm::model

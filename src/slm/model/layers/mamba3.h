@@ -1,0 +1,47 @@
+#pragma once
+// M: a Mamba-3 mixer layer (SISO, or MIMO of rank R), shared/reference/mamba3_dsa_m2rnn.md §1. The math
+// lives in slm/ops/mamba3_scan.h; this class owns the parameters (names and shapes as in
+// recipe/accounting.cpp) and picks the chunked form for sequences and the step form for single tokens.
+#include <utility>
+
+#include "slm/model/layer.h"
+#include "slm/model/layers/recurrent_cache.h"
+#include "slm/ops/mamba3_scan.h"
+#include "slm/recipe/recipe.h"
+
+namespace slm::model {
+
+using Mamba3Cache = RecurrentCache<ops::Mamba3State>;
+
+class Mamba3Impl : public torch::nn::Module {
+ public:
+  Mamba3Impl(const Recipe& recipe, const torch::TensorOptions& options);
+  // h [B, T, D] (already normalized) continuing from state; returns the mixer output [B, T, D] and the state
+  // after the last token. T > 1 runs the chunked form, T == 1 the decode step.
+  std::pair<torch::Tensor, ops::Mamba3State> forward(const torch::Tensor& h, const ops::Mamba3State& state);
+  ops::Mamba3State zero_state(int64_t batch) const;
+  ops::Mamba3Weights weights() const;
+
+  int64_t d_inner, heads, headdim, d_state, rank, groups, angles, chunk_size;
+  double a_floor;
+  Linear in_proj{nullptr}, out_proj{nullptr};
+  torch::Tensor dt_bias, B_bias, C_bias, D;
+  torch::Tensor mimo_x, mimo_z, mimo_o;  // MIMO only
+  RMSNorm B_norm{nullptr}, C_norm{nullptr};
+  RMSNorm out_norm{nullptr};  // is_outproj_norm only; applied per head (group = headdim)
+};
+TORCH_MODULE(Mamba3);
+
+class Mamba3Layer : public Layer {
+ public:
+  Mamba3Layer(const Recipe& recipe, const torch::TensorOptions& options);
+  char letter() const override { return 'M'; }
+  const char* class_name() const override { return "Mamba3Layer"; }
+  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
+  std::unique_ptr<LayerCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const override;
+
+  Mamba3 mamba{nullptr};
+};
+
+}  // namespace slm::model

@@ -1,0 +1,77 @@
+#pragma once
+// The inference cache of a recurrent layer (M, R): its state after the tokens consumed so far, plus the
+// states before each of the last max_rollback tokens so a speculative decoder can drop rejected tokens.
+// A recurrent state cannot be rewound, so the layers run the last max_rollback tokens of a prefill one
+// at a time and record the state before each; a multi-token advance clears that history.
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "slm/model/layer.h"
+#include "slm/util/error.h"
+
+namespace slm::model {
+
+template <class State>
+class RecurrentCache : public LayerCache {
+ public:
+  RecurrentCache(State zero, int64_t max_rollback) : state_(std::move(zero)), max_rollback_(max_rollback) {}
+  int64_t length() const override { return length_; }
+  int64_t max_rollback() const { return max_rollback_; }
+  const State& state() const { return state_; }
+
+  // next is the state after `tokens` more tokens.
+  void advance(State next, int64_t tokens) {
+    if (tokens == 1 && max_rollback_ > 0) {
+      history_.push_back(std::move(state_));
+      if (static_cast<int64_t>(history_.size()) > max_rollback_) history_.pop_front();
+    } else {
+      history_.clear();
+    }
+    state_ = std::move(next);
+    length_ += tokens;
+  }
+
+  void rollback(int64_t n) override {
+    if (n == 0) return;
+    const auto kept = static_cast<int64_t>(history_.size());
+    if (n < 0 || n > kept)
+      throw Error("recurrent layer cache: cannot roll back " + std::to_string(n) + " tokens, it holds the states of " +
+                  std::to_string(kept));
+    state_ = history_[kept - n];
+    history_.resize(kept - n);
+    length_ -= n;
+  }
+
+ private:
+  State state_;
+  std::deque<State> history_;  // history_[i]: the state before token length_ - history_.size() + i
+  int64_t max_rollback_;
+  int64_t length_ = 0;
+};
+
+// Runs h [B, T, ...] through run(part, state) -> (output, next state) and advances the cache, stepping the last
+// max_rollback tokens singly so that rollback can reach them. Returns the outputs concatenated over T.
+template <class State, class Run>
+at::Tensor run_recurrent(RecurrentCache<State>& cache, const at::Tensor& h, Run&& run) {
+  const int64_t t = h.size(1), singles = std::min(t, cache.max_rollback());
+  std::vector<at::Tensor> outs;
+  if (t > singles) {
+    auto [o, s] = run(h.narrow(1, 0, t - singles), cache.state());
+    cache.advance(std::move(s), t - singles);
+    outs.push_back(o);
+  }
+  for (int64_t i = t - singles; i < t; ++i) {
+    auto [o, s] = run(h.narrow(1, i, 1), cache.state());
+    cache.advance(std::move(s), 1);
+    outs.push_back(o);
+  }
+  return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
+}
+
+}  // namespace slm::model
