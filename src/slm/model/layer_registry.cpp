@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include "slm/model/layers/attention.h"
+#include "slm/model/layers/m2rnn.h"
+#include "slm/model/layers/mamba3.h"
 #include "slm/model/layers/mlp.h"
 #include "slm/model/layers/moe.h"
 #include "slm/util/error.h"
@@ -14,8 +16,8 @@ const std::vector<LayerKind>& layer_kinds() {
       {'A', "AttentionLayer", "attention-only layer (GQA, RoPE, QK-norm, per-layer window)", nullptr},
       {'E', "MoELayer", "fine-grained MoE channel layer (routed + shared SwiGLU experts)", nullptr},
       {'F', "MLPLayer", "dense SwiGLU channel layer", nullptr},
-      {'M', "Mamba3Layer", "Mamba-3 mixer layer", "part 2 of the hybrid model"},
-      {'R', "M2RNNLayer", "M2RNN recurrent mixer layer", "part 2 of the hybrid model"},
+      {'M', "Mamba3Layer", "Mamba-3 mixer layer (SISO or MIMO)", nullptr},
+      {'R', "M2RNNLayer", "M2RNN recurrent mixer layer", nullptr},
   };
   return kinds;
 }
@@ -58,6 +60,8 @@ std::shared_ptr<Layer> make_layer(const Recipe& r, const LayerPlan& l, const tor
     case 'A': return std::make_shared<AttentionLayer>(r, l, options);
     case 'E': return std::make_shared<MoELayer>(r, options);
     case 'F': return std::make_shared<MLPLayer>(r, options);
+    case 'M': return std::make_shared<Mamba3Layer>(r, options);
+    case 'R': return std::make_shared<M2RNNLayer>(r, options);
   }
   throw Error(r.source + ": layer " + std::to_string(l.index) + ": no implementation for pattern letter '" +
               std::string(1, l.letter) + "' (call check_buildable first)");
