@@ -45,7 +45,10 @@ torch::Tensor HybridLM::embed_tokens(const torch::Tensor& tokens) {
   return at::rms_norm(x, {x.size(-1)}, {}, recipe_.norm_eps);
 }
 
-torch::Tensor HybridLM::head(const torch::Tensor& normed) { return lm_head(normed).to(torch::kFloat); }
+torch::Tensor HybridLM::head(const torch::Tensor& normed) {
+  auto logits = lm_head(normed);
+  return logits.scalar_type() == torch::kDouble ? logits : logits.to(torch::kFloat);
+}
 
 ModelOutput HybridLM::forward(const torch::Tensor& tokens) {
   auto x0 = embed_tokens(tokens);

@@ -21,7 +21,7 @@
 namespace slm::model {
 
 struct ModelOutput {
-  torch::Tensor logits;  // [B, T, V] fp32
+  torch::Tensor logits;  // [B, T, V] fp32 (fp64 for a float64 model)
   torch::Tensor hidden;  // [B, T, D] residual stream after the last layer (before final_norm); MTP input h^0
 };
 

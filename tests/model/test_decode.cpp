@@ -1,0 +1,127 @@
+// Inference: prefill + token-by-token decode reproduce the full forward; rollback; capacity; MTP drafts.
+#include "model_test_util.h"
+
+using namespace slm;
+using namespace slm::test;
+
+namespace {
+
+std::unique_ptr<model::HybridLM> random_tiny(uint64_t seed) {
+  auto m = std::make_unique<model::HybridLM>(tiny_ae());
+  randomize(*m, seed);
+  m->eval();
+  return m;
+}
+
+}  // namespace
+
+TEST(Decode, TokenByTokenMatchesFullForwardAfterPrefill) {
+  single_threaded();
+  auto m = random_tiny(21);
+  torch::NoGradGuard no_grad;
+  const int64_t prompt = 13, steps = 67, total = prompt + steps;  // well past the 16-token window of layer 0
+  auto tokens = random_tokens(2, total, 384, 9);
+  auto full = m->forward(tokens).logits;
+  auto state = m->new_state(2, total);
+  auto pre = m->prefill(tokens.narrow(1, 0, prompt), state);
+  EXPECT_LT(max_abs_diff(pre, full.narrow(1, 0, prompt)), 1e-4);
+  double worst = 0;
+  for (int64_t t = prompt; t < total; ++t) {
+    auto logits = m->decode(tokens.select(1, t), state);
+    worst = std::max(worst, max_abs_diff(logits, full.select(1, t)));
+  }
+  EXPECT_LE(worst, 1e-4);
+  EXPECT_EQ(state.length, total);
+}
+
+TEST(Decode, ChunkedPrefillMatchesFullForward) {
+  single_threaded();
+  auto m = random_tiny(22);
+  torch::NoGradGuard no_grad;
+  auto tokens = random_tokens(1, 70, 384, 10);
+  auto full = m->forward(tokens).logits;
+  auto state = m->new_state(1, 70);
+  int64_t at = 0;
+  for (int64_t chunk : {5, 1, 20, 3, 41}) {
+    auto logits = m->prefill(tokens.narrow(1, at, chunk), state);
+    EXPECT_LT(max_abs_diff(logits, full.narrow(1, at, chunk)), 1e-4) << "chunk at " << at;
+    at += chunk;
+  }
+}
+
+TEST(Decode, RollbackDropsTokensInPlace) {
+  single_threaded();
+  auto m = random_tiny(23);
+  torch::NoGradGuard no_grad;
+  auto prefix = random_tokens(1, 20, 384, 11);
+  auto branch_a = random_tokens(1, 6, 384, 12), branch_b = random_tokens(1, 6, 384, 13);
+  auto state = m->new_state(1, 40, /*max_rollback=*/6);
+  const void* storage = state.tokens.data_ptr();
+  m->prefill(prefix, state);
+  for (int64_t i = 0; i < 6; ++i) m->decode(branch_a.select(1, i), state);
+  state.rollback(6);
+  EXPECT_EQ(state.length, 20);
+  auto expected = m->forward(torch::cat({prefix, branch_b}, 1)).logits;
+  for (int64_t i = 0; i < 6; ++i) {
+    auto logits = m->decode(branch_b.select(1, i), state);
+    EXPECT_LE(max_abs_diff(logits, expected.select(1, 20 + i)), 1e-4) << i;
+  }
+  // Partial rollback followed by a multi-token prefill (what a speculative verifier does).
+  state.rollback(2);
+  auto verify = m->prefill(branch_a.narrow(1, 0, 3), state);
+  auto expected2 = m->forward(torch::cat({prefix, branch_b.narrow(1, 0, 4), branch_a.narrow(1, 0, 3)}, 1)).logits;
+  EXPECT_LE(max_abs_diff(verify, expected2.narrow(1, 24, 3)), 1e-4);
+  EXPECT_EQ(state.tokens.data_ptr(), storage);
+  EXPECT_THROW(state.rollback(7), Error);   // beyond max_rollback
+  EXPECT_THROW(state.rollback(-1), Error);
+  auto fresh = m->new_state(1, 8, 6);
+  m->prefill(prefix.narrow(1, 0, 3), fresh);
+  EXPECT_THROW(fresh.rollback(4), Error);  // beyond what it holds
+}
+
+TEST(Decode, CapacityAndShapesAreChecked) {
+  single_threaded();
+  auto m = random_tiny(24);
+  auto state = m->new_state(1, 8);
+  m->prefill(random_tokens(1, 6, 384, 14), state);
+  EXPECT_THROW(m->prefill(random_tokens(1, 3, 384, 15), state), Error);
+  EXPECT_EQ(state.length, 6);  // a refused call changes nothing
+  EXPECT_THROW(m->decode(random_tokens(2, 1, 384, 16).squeeze(1), state), Error);
+  EXPECT_THROW(m->decode(random_tokens(1, 2, 384, 17), state), Error);
+}
+
+TEST(Decode, MtpDraftsMatchTheTrainingPathAndLeaveTheStateAlone) {
+  single_threaded();
+  auto j = micro_ae_json();  // two MTP modules
+  model::HybridLM m(parse(j));
+  randomize(m, 25);
+  m.eval();
+  torch::NoGradGuard no_grad;
+  const int64_t n = 9;
+  auto tokens = random_tokens(2, n + 1, 13, 18);  // t_0..t_n; the state holds t_0..t_{n-1}
+  auto state = m.new_state(2, 16, 2);
+  m.prefill(tokens.narrow(1, 0, n), state);
+  auto drafts = m.draft(state, tokens.select(1, n));
+  ASSERT_EQ(drafts.sizes(), (std::vector<int64_t>{2, 2}));
+  // Module 1 at position n-1 on the full sequence predicts t_{n+1}.
+  auto l1 = m.mtp_logits(tokens, m.forward(tokens).hidden)[0];
+  EXPECT_TRUE(torch::equal(drafts.select(1, 0), l1.select(1, n - 1).argmax(-1)));
+  // Module 2 at position n-1, given t_{n+1} = the first draft, predicts t_{n+2}.
+  auto extended = torch::cat({tokens, drafts.narrow(1, 0, 1)}, 1);
+  auto l2 = m.mtp_logits(extended, m.forward(extended).hidden)[1];
+  EXPECT_TRUE(torch::equal(drafts.select(1, 1), l2.select(1, n - 1).argmax(-1)));
+  // The state is untouched: decoding t_n still matches the full forward.
+  EXPECT_EQ(state.length, n);
+  auto logits = m.decode(tokens.select(1, n), state);
+  EXPECT_LE(max_abs_diff(logits, m.forward(tokens).logits.select(1, n)), 1e-4);
+}
+
+TEST(Decode, DraftNeedsMtpModules) {
+  single_threaded();
+  auto j = micro_ae_json();
+  j.erase("mtp");
+  model::HybridLM m(parse(j));
+  auto state = m.new_state(1, 4);
+  m.prefill(random_tokens(1, 2, 13, 19), state);
+  EXPECT_THROW(m.draft(state, torch::zeros({1}, torch::kLong)), Error);
+}

@@ -1,0 +1,101 @@
+// `slm generate` and `slm model summary` as a user runs them.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "model_test_util.h"
+#include "slm/recipe/accounting.h"
+
+using namespace slm::test;
+
+namespace {
+
+struct CliResult {
+  int code;
+  std::string out, err;
+};
+
+CliResult run(const std::string& args) {
+  static int counter = 0;
+  std::string err_path = testing::TempDir() + "/slm_model_cli_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".err";
+  std::string cmd = "OMP_NUM_THREADS=1 " + std::string(SLM_BINARY) + " " + args + " 2>" + err_path;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  std::ifstream f(err_path);
+  std::stringstream err;
+  err << f.rdbuf();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out, err.str()};
+}
+
+std::vector<long long> generated_ids(const std::string& err) {
+  const std::string marker = "tokens:";
+  auto at = err.find(marker);
+  std::vector<long long> ids;
+  if (at == std::string::npos) return ids;
+  std::istringstream line(err.substr(at + marker.size(), err.find('\n', at) - at - marker.size()));
+  long long id;
+  while (line >> id) ids.push_back(id);
+  return ids;
+}
+
+}  // namespace
+
+TEST(GenerateCli, PrintsSixteenTokensDeterministically) {
+  const std::string args =
+      "generate --recipe " + source_path("recipes/tiny-ae.json") + " --prompt \"int main(\" --max-tokens 16 --seed 1";
+  // One intra-op thread: two test processes share two cores, and oversubscribed threads make the
+  // binary ~8x slower without changing its output.
+  CliResult a = run(args), b = run(args);
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.err.find("RANDOM"), std::string::npos) << a.err;
+  EXPECT_NE(a.err.find("generated 16 tokens"), std::string::npos) << a.err;
+  auto ids = generated_ids(a.err);
+  ASSERT_EQ(ids.size(), 16u) << a.err;
+  for (auto id : ids) EXPECT_TRUE((id >= 0 && id < 256) || id == 257) << id;  // bytes or <eos>
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(ids, generated_ids(b.err));
+  CliResult c = run("generate --recipe " + source_path("recipes/tiny-ae.json") +
+              " --prompt \"int main(\" --max-tokens 16 --seed 1 --temperature 0");
+  ASSERT_EQ(c.code, 0) << c.err;
+  EXPECT_EQ(generated_ids(c.err).size(), 16u);
+}
+
+TEST(GenerateCli, RefusesRecipesThatCannotBeBuiltYet) {
+  // Engram lands with part 3 of the hybrid model.
+  auto j = nlohmann::json::parse(std::ifstream(source_path("recipes/tiny-ae.json")));
+  j["engram"] = {{"enabled", true}, {"layers", {0}}, {"table_rows", 7}, {"embed_dim", 4}};
+  const std::string path = testing::TempDir() + "/engram_" + std::to_string(getpid()) + ".json";
+  std::ofstream(path) << j.dump();
+  CliResult r = run("generate --recipe " + path + " --prompt x --max-tokens 2");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.err.find("not implemented yet"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Engram"), std::string::npos) << r.err;
+}
+
+TEST(ModelSummaryCli, JsonCountsEqualAccounting) {
+  CliResult r = run("model summary --recipe " + source_path("recipes/tiny-ae.json") + " --json");
+  ASSERT_EQ(r.code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  slm::Recipe recipe = tiny_ae();
+  auto acc = slm::account(recipe, slm::make_plan(recipe));
+  EXPECT_EQ(j["total"].get<long long>(), acc.total);
+  EXPECT_EQ(j["active"].get<long long>(), acc.active);
+  EXPECT_EQ(j["mtp_total"].get<long long>(), acc.mtp_total);
+  ASSERT_EQ(j["layers"].size(), 6u);
+  EXPECT_EQ(j["layers"][1]["class"], "MoELayer");
+  EXPECT_EQ(j["layers"][1]["params"].get<long long>(), acc.layers[1].total);
+  EXPECT_EQ(j["memory"]["fp32_bytes"].get<long long>(), 4 * (acc.total + acc.mtp_total) + 4 * 3 * 8);
+  EXPECT_TRUE(j["matches_accounting"].get<bool>());
+  CliResult text = run("model summary --recipe " + source_path("recipes/tiny-ae.json"));
+  ASSERT_EQ(text.code, 0);
+  EXPECT_NE(text.out.find("MoELayer"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("accounting agrees"), std::string::npos) << text.out;
+}
