@@ -37,6 +37,8 @@ inline void randomize(model::Layer& layer, double scale = 0.1) {
 
 // Token-by-token decode, and prefill in uneven pieces, reproduce forward; rollback restores the state.
 inline void expect_decode_matches_forward(model::Layer& layer, int64_t d_model, int64_t tokens, double tol) {
+  // ctest runs two processes on two cores: intra-op threads on these tiny tensors only contend.
+  torch::set_num_threads(1);
   torch::NoGradGuard no_grad;
   auto x = torch::randn({2, tokens, d_model}, torch::kDouble);
   auto ref = layer.forward(x);
