@@ -4,11 +4,13 @@
 # machine and run:  SLM_DEPS_PREFIX=.deps/root SLM_CUDA=ON bash scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PACKAGES=(libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev)
+PACKAGES=(libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev libsentencepiece-dev libsentencepiece0)
 mkdir -p .deps/debs .deps/root
-if ! ls .deps/debs/*.deb >/dev/null 2>&1; then
+missing=()
+for p in "${PACKAGES[@]}"; do ls .deps/debs/"${p}"_*.deb >/dev/null 2>&1 || missing+=("$p"); done
+if ((${#missing[@]})); then
   apt-get update -qq
-  (cd .deps/debs && apt-get download "${PACKAGES[@]}")
+  (cd .deps/debs && apt-get download "${missing[@]}")
 fi
 for f in .deps/debs/*.deb; do dpkg-deb -x "$f" .deps/root; done
 echo "unpacked ${#PACKAGES[@]} packages into .deps/root ($(du -sh .deps | cut -f1))"

@@ -5,4 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
 bash scripts/setup.sh
+# ctest runs one process per core; more than one intra-op thread per process oversubscribes the CPU and makes
+# small-tensor tests many times slower. A caller may still raise it.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 ctest --test-dir "$BUILD_DIR" --output-on-failure -j "$(nproc)" "$@"
