@@ -71,8 +71,9 @@ struct QTensor {
 };
 
 // Throws slm::Error (naming `what`) unless shape, dtypes, buffer shapes, contiguity and scale values agree
-// (no NaN block scales, finite non-negative tensor scales).
-void validate(const QTensor& q, const std::string& what);
+// (no NaN block scales, finite non-negative tensor scales; values are checked only for CPU buffers and only
+// when check_values is set: kernels skip that O(size) scan).
+void validate(const QTensor& q, const std::string& what, bool check_values = true);
 
 // Quantizes a floating tensor (any float dtype, CPU; at least one dim, no zero-sized dims). Non-finite values
 // are an slm::Error naming `what`.

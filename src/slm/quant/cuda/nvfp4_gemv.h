@@ -1,0 +1,17 @@
+#pragma once
+// Launcher of the CUDA NVFP4 GEMV (src/slm/quant/cuda/nvfp4_gemv.cu); plain C++ so that the .cu needs no torch.
+#include <cstdint>
+#include <string>
+
+namespace slm::nvfp4::cuda {
+
+// y[m, n] = tensor_scale[0] * sum_k e2m1(code[n, k]) * e4m3(scale[n, k/16]) * x[m, k]  for m < M, n < N.
+//   codes  [N, row_bytes] device, row_bytes = blocks * 8, 8-byte aligned
+//   scales [N, blocks] device; tensor_scale: one float on the device
+//   x      [M, blocks * 16] BF16 device, rows zero-padded, 16-byte aligned
+//   y      [M, N] float device
+// stream: a cudaStream_t (nullptr = the legacy default stream). Returns "" or the CUDA error text.
+std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x, float* y,
+                 int64_t M, int64_t N, int64_t blocks, void* stream);
+
+}  // namespace slm::nvfp4::cuda

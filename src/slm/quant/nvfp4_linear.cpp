@@ -1,0 +1,204 @@
+#include "slm/quant/nvfp4_linear.h"
+
+#include <ATen/Parallel.h>
+
+#include <array>
+#include <cstring>
+
+#include "slm/util/error.h"
+
+namespace slm::nvfp4 {
+
+namespace {
+
+struct Tables {
+  std::array<float, 512> pair;   // byte -> (value of the low nibble, value of the high nibble)
+  std::array<float, 256> e4m3;   // byte -> block scale
+  Tables() {
+    for (int b = 0; b < 256; ++b) {
+      pair[2 * b] = e2m1_decode(static_cast<uint8_t>(b & 15));
+      pair[2 * b + 1] = e2m1_decode(static_cast<uint8_t>(b >> 4));
+      e4m3[b] = e4m3_decode(static_cast<uint8_t>(b));
+    }
+  }
+};
+
+const Tables& tables() {
+  static const Tables t;
+  return t;
+}
+
+struct Args {
+  const float* x;       // [M, Kp], zero-padded
+  const uint8_t* codes; // [N, Kp/2]
+  const uint8_t* scales;// [N, blocks]
+  float s_dec;
+  float* y;             // [M, N]
+  int64_t M, N, kp, blocks;
+  const float* pair;
+  const float* e4m3;
+};
+
+// Rows [n0, n1) of W against x rows [m0, m0 + MC): each 16-element block is decoded once (LUT, times its scale)
+// into registers and multiplied into MC 16-wide accumulators, reduced once per output.
+template <int MC>
+[[gnu::always_inline]] inline void rows_impl(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    float acc[MC][16] = {};
+    const uint8_t* crow = a.codes + n * (a.kp / 2);
+    const uint8_t* srow = a.scales + n * a.blocks;
+    const float* xb = a.x + m0 * a.kp;
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      const float S = a.e4m3[srow[b]];
+      const uint8_t* cb = crow + b * 8;
+      float w[16];
+      for (int j = 0; j < 8; ++j) {
+        const float* p = a.pair + 2 * cb[j];
+        w[2 * j] = p[0] * S;
+        w[2 * j + 1] = p[1] * S;
+      }
+      for (int mm = 0; mm < MC; ++mm) {
+        const float* xr = xb + mm * a.kp + b * 16;
+        for (int i = 0; i < 16; ++i) acc[mm][i] += w[i] * xr[i];
+      }
+    }
+    for (int mm = 0; mm < MC; ++mm) {
+      float s = 0.0f;
+      for (int i = 0; i < 16; ++i) s += acc[mm][i];
+      a.y[(m0 + mm) * a.N + n] = s * a.s_dec;
+    }
+  }
+}
+
+template <int MC>
+void rows_default(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
+  rows_impl<MC>(a, m0, n0, n1);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+template <int MC>
+[[gnu::target("avx2,fma")]] void rows_avx2(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
+  rows_impl<MC>(a, m0, n0, n1);
+}
+bool have_avx2() {
+  static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return v;
+}
+#endif
+
+template <int MC>
+void rows(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (have_avx2()) return rows_avx2<MC>(a, m0, n0, n1);
+#endif
+  rows_default<MC>(a, m0, n0, n1);
+}
+
+void check_weight(const QTensor& w, int64_t K, const char* where) {
+  if (w.shape.size() != 2)
+    throw Error(std::string(where) + ": NVFP4 weight must be 2-D [N, K] (use matrix(i) for stacked tensors), got " +
+                std::to_string(w.shape.size()) + "-D");
+  if (w.k() != K)
+    throw Error(std::string(where) + ": x has K = " + std::to_string(K) + " but the weight has K = " +
+                std::to_string(w.k()));
+}
+
+}  // namespace
+
+torch::Tensor linear_cpu(const torch::Tensor& x_in, const QTensor& w) {
+  if (x_in.dim() != 2) throw Error("nvfp4 linear_cpu: x must be [M, K]");
+  const int64_t M = x_in.size(0), K = x_in.size(1);
+  check_weight(w, K, "nvfp4 linear_cpu");
+  validate(w, "nvfp4 linear_cpu weight", false);
+  if (!w.codes.is_cpu() || !x_in.is_cpu()) throw Error("nvfp4 linear_cpu: x and the weight must be on the CPU");
+  const int64_t N = w.shape[0], kp = w.k_padded();
+  torch::Tensor y = torch::empty({M, N}, torch::kFloat);
+  if (M == 0) return y;
+  torch::Tensor x = x_in.to(torch::kFloat);
+  if (kp != K) x = torch::constant_pad_nd(x, {0, kp - K}, 0.0);
+  x = x.contiguous();
+  const Tables& t = tables();
+  Args a{x.data_ptr<float>(),  w.codes.data_ptr<uint8_t>(), w.scales.data_ptr<uint8_t>(),
+         w.tensor_scale.item<float>(), y.data_ptr<float>(), M, N, kp, w.blocks_per_row(), t.pair.data(),
+         t.e4m3.data()};
+  // About 64 KiB of weights per task keeps scheduling cheap and the split even.
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(kp / 2 + a.blocks, 1));
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    int64_t m = 0;
+    for (; m + 4 <= M; m += 4) rows<4>(a, m, n0, n1);
+    switch (M - m) {
+      case 3: rows<3>(a, m, n0, n1); break;
+      case 2: rows<2>(a, m, n0, n1); break;
+      case 1: rows<1>(a, m, n0, n1); break;
+      default: break;
+    }
+  });
+  return y;
+}
+
+torch::Tensor linear(const torch::Tensor& x, const QTensor& w) {
+  if (!x.defined() || x.dim() < 1) throw Error("nvfp4 linear: x must have at least one dimension");
+  if (!x.is_floating_point()) throw Error("nvfp4 linear: x must be a floating tensor");
+  const int64_t K = x.size(-1);
+  check_weight(w, K, "nvfp4 linear");
+  if (x.device() != w.codes.device())
+    throw Error("nvfp4 linear: x is on " + x.device().str() + " but the weight is on " + w.codes.device().str());
+  std::vector<int64_t> out_shape = x.sizes().vec();
+  out_shape.back() = w.shape[0];
+  torch::Tensor x2 = x.reshape({-1, K});
+  torch::Tensor y = x.is_cuda() ? linear_cuda(x2, w) : linear_cpu(x2, w);
+  return y.reshape(out_shape);
+}
+
+}  // namespace slm::nvfp4
+
+#ifdef SLM_WITH_CUDA
+#include "slm/quant/cuda/nvfp4_gemv.h"
+#if __has_include(<c10/cuda/CUDAStream.h>)
+#include <c10/cuda/CUDAStream.h>
+#define SLM_HAVE_C10_CUDA 1
+#endif
+#endif
+
+namespace slm::nvfp4 {
+
+bool cuda_kernels_built() {
+#ifdef SLM_WITH_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
+#ifndef SLM_WITH_CUDA
+  (void)x_in;
+  (void)w;
+  throw Error("nvfp4 linear: this build has no CUDA kernels (configure with -DSLM_CUDA=ON)");
+#else
+  if (x_in.dim() != 2) throw Error("nvfp4 linear_cuda: x must be [M, K]");
+  const int64_t M = x_in.size(0), K = x_in.size(1);
+  if (w.shape.size() != 2 || w.k() != K) throw Error("nvfp4 linear_cuda: weight must be 2-D [N, K] with K = " + std::to_string(K));
+  validate(w, "nvfp4 linear_cuda weight", false);
+  if (!x_in.is_cuda() || !w.codes.is_cuda() || x_in.device() != w.codes.device())
+    throw Error("nvfp4 linear_cuda: x and the weight must be on the same CUDA device");
+  const int64_t N = w.shape[0], kp = w.k_padded();
+  torch::Tensor x = x_in.to(torch::kBFloat16);
+  if (kp != K) x = torch::constant_pad_nd(x, {0, kp - K}, 0.0);
+  x = x.contiguous();
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
+  torch::Tensor codes = w.codes;
+  if (reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 != 0) codes = codes.clone();
+  torch::Tensor y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
+  void* stream = nullptr;
+#ifdef SLM_HAVE_C10_CUDA
+  stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+#endif
+  std::string err = cuda::gemv(codes.data_ptr<uint8_t>(), w.scales.data_ptr<uint8_t>(), w.tensor_scale.data_ptr<float>(),
+                               x.data_ptr(), y.data_ptr<float>(), M, N, w.blocks_per_row(), stream);
+  if (!err.empty()) throw Error("nvfp4 linear_cuda: " + err);
+  return y;
+#endif
+}
+
+}  // namespace slm::nvfp4

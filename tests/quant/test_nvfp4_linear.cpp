@@ -1,0 +1,102 @@
+// The quantized linear layer against dequantize-then-matmul: CPU kernel on random shapes (ragged K and N,
+// batches 1..16 and larger, stacked-expert slices), and the CUDA kernel when a GPU is present.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include "slm/quant/nvfp4.h"
+#include "slm/quant/nvfp4_linear.h"
+#include "slm/util/error.h"
+
+namespace nv = slm::nvfp4;
+
+namespace {
+
+// FP32 reference: dequantize W, then a plain matmul. Tolerance from the magnitudes of the products (|x| |W|^T),
+// i.e. FP32 accumulation error over K terms.
+void expect_matches_reference(const torch::Tensor& x, const nv::QTensor& w, const torch::Tensor& y) {
+  torch::Tensor wd = nv::dequantize(w, torch::kFloat);
+  torch::Tensor xf = x.to(torch::kCPU).to(torch::kFloat);
+  torch::Tensor ref = torch::matmul(xf.to(torch::kDouble), wd.to(torch::kDouble).t());
+  torch::Tensor mag = torch::matmul(xf.abs().to(torch::kDouble), wd.abs().to(torch::kDouble).t());
+  torch::Tensor yc = y.to(torch::kCPU).to(torch::kDouble);
+  ASSERT_EQ(yc.sizes(), ref.sizes());
+  torch::Tensor err = (yc - ref).abs();
+  torch::Tensor tol = mag * (4e-7 * std::sqrt(static_cast<double>(w.k())) + 1e-6) + 1e-30;
+  EXPECT_TRUE((err <= tol).all().item<bool>())
+      << "max error " << err.max().item<double>() << " max tol " << tol.max().item<double>();
+  // The FP32 dequantize-then-matmul path agrees as well.
+  torch::Tensor ref32 = torch::matmul(xf, wd.t()).to(torch::kDouble);
+  EXPECT_TRUE(((yc - ref32).abs() <= tol * 2).all().item<bool>());
+}
+
+}  // namespace
+
+TEST(Nvfp4Linear, CpuMatchesDequantizeThenMatmulOnRandomShapes) {
+  torch::manual_seed(21);
+  struct Case {
+    int64_t M, N, K;
+  };
+  std::vector<Case> cases = {{1, 1, 1},   {1, 7, 16},   {2, 33, 37},  {3, 64, 64},  {4, 17, 100},
+                             {5, 40, 250}, {8, 129, 48}, {13, 9, 513}, {16, 96, 160}, {21, 31, 77}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "M " << c.M << " N " << c.N << " K " << c.K);
+    torch::Tensor wf = torch::randn({c.N, c.K}) * torch::exp(torch::randn({c.N, c.K}));
+    nv::QTensor w = nv::quantize(wf.to(torch::kBFloat16));
+    torch::Tensor x = torch::randn({c.M, c.K});
+    torch::Tensor y = nv::linear(x, w);
+    EXPECT_EQ(y.scalar_type(), torch::kFloat);
+    expect_matches_reference(x, w, y);
+  }
+}
+
+TEST(Nvfp4Linear, CpuAcceptsBatchDimsHalfInputsAndExpertSlices) {
+  torch::manual_seed(22);
+  nv::QTensor experts = nv::quantize(torch::randn({3, 24, 40}));
+  torch::Tensor x = torch::randn({2, 3, 40}).to(torch::kBFloat16);
+  for (int e = 0; e < 3; ++e) {
+    nv::QTensor w = experts.matrix(e);
+    torch::Tensor y = nv::linear(x, w);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{2, 3, 24}));
+    expect_matches_reference(x.reshape({-1, 40}), w, y.reshape({-1, 24}));
+  }
+  // Zero weights and zero-row batches.
+  nv::QTensor z = nv::quantize(torch::zeros({5, 20}));
+  EXPECT_TRUE(torch::equal(nv::linear(torch::randn({2, 20}), z), torch::zeros({2, 5})));
+  EXPECT_EQ(nv::linear(torch::randn({0, 20}), z).sizes(), (std::vector<int64_t>{0, 5}));
+}
+
+TEST(Nvfp4Linear, RejectsMismatchedInputs) {
+  nv::QTensor w = nv::quantize(torch::randn({4, 32}));
+  EXPECT_THROW(nv::linear(torch::randn({2, 31}), w), slm::Error);
+  EXPECT_THROW(nv::linear(torch::randn({2, 32}), nv::quantize(torch::randn({2, 4, 32}))), slm::Error);
+  EXPECT_THROW(nv::linear(torch::ones({2, 32}, torch::kInt), w), slm::Error);
+}
+
+TEST(Nvfp4LinearCuda, MatchesDequantizeThenMatmul) {
+  if (!nv::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(23);
+  struct Case {
+    int64_t M, N, K;
+  };
+  // Even and odd block counts (16-byte and 8-byte load paths), ragged K and N, batches 1..16 and beyond.
+  std::vector<Case> cases = {{1, 1, 16},   {1, 4096, 4096}, {1, 1000, 4112}, {2, 33, 37},  {3, 257, 1000},
+                             {4, 64, 11008}, {7, 130, 48},   {8, 1024, 4096}, {16, 300, 160}, {16, 77, 513},
+                             {19, 65, 96}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "M " << c.M << " N " << c.N << " K " << c.K);
+    nv::QTensor w = nv::quantize(torch::randn({c.N, c.K}).to(torch::kBFloat16));
+    torch::Tensor x = torch::randn({c.M, c.K}).to(torch::kBFloat16);
+    torch::Tensor y = nv::linear(x.to(torch::kCUDA), w.to(torch::kCUDA));
+    EXPECT_TRUE(y.is_cuda());
+    EXPECT_EQ(y.scalar_type(), torch::kFloat);
+    expect_matches_reference(x, w, y);
+    // Same result as the CPU kernel on the same BF16 activations, to FP32 accumulation-order differences.
+    torch::Tensor yc = nv::linear(x.to(torch::kFloat), w);
+    EXPECT_TRUE(torch::allclose(y.cpu(), yc, 1e-4, 1e-4));
+  }
+  // A slice of stacked experts at an offset that is only 8-byte aligned.
+  nv::QTensor experts = nv::quantize(torch::randn({3, 5, 48})).to(torch::kCUDA);
+  torch::Tensor x = torch::randn({2, 48}).to(torch::kBFloat16);
+  for (int e = 0; e < 3; ++e) expect_matches_reference(x, experts.matrix(e).to(torch::kCPU), nv::linear(x.to(torch::kCUDA), experts.matrix(e)));
+}
