@@ -7,6 +7,7 @@
 #include "slm/data/byte_tokenizer.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/sampler.h"
+#include "slm/model/weights.h"
 #include "slm/util/error.h"
 
 namespace slm::cli {
@@ -15,6 +16,7 @@ namespace {
 
 struct GenerateOptions {
   std::string recipe;
+  std::string checkpoint;
   std::string prompt;
   int64_t max_tokens = 64;
   uint64_t seed = 0;
@@ -34,8 +36,12 @@ void run_generate(const GenerateOptions& o) {
   torch::manual_seed(o.seed);
   model::HybridLM m(r);
   m.eval();
-  std::cerr << "slm: warning: no checkpoint loaded: the weights are RANDOM (initialized from seed " << o.seed
-            << "), so the output is noise\n";
+  if (o.checkpoint.empty()) {
+    std::cerr << "slm: warning: no checkpoint loaded: the weights are RANDOM (initialized from seed " << o.seed
+              << "), so the output is noise\n";
+  } else {
+    model::load_weights(m, model::weights_path(o.checkpoint));
+  }
 
   model::Sampler sampler({o.temperature, o.top_k, o.top_p, o.seed});
   auto prompt = tok.encode(o.prompt, /*add_bos=*/true);
@@ -67,9 +73,11 @@ void run_generate(const GenerateOptions& o) {
 void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   auto* g = app.add_subcommand("generate",
-                               "Generate text from a prompt with the byte-level tokenizer. No checkpoint format exists "
-                               "yet, so weights are random (seeded)");
+                               "Generate text from a prompt with the byte-level tokenizer; without --checkpoint the "
+                               "weights are random (seeded)");
   g->add_option("--recipe", o->recipe, "recipe JSON file (vocab_size >= 259)")->required();
+  g->add_option("--checkpoint", o->checkpoint,
+                "weights: a safetensors file or a checkpoint directory holding model.safetensors");
   g->add_option("--prompt", o->prompt, "prompt text")->required();
   g->add_option("--max-tokens", o->max_tokens, "tokens to generate")->capture_default_str();
   g->add_option("--seed", o->seed, "seed of the weight init and of the sampler")->capture_default_str();

@@ -1,0 +1,25 @@
+#pragma once
+// Model weights as a safetensors file under the stable parameter names of docs/recipes.md (plus the MoE
+// balancing-bias buffers), so other tools can read them. Loading is strict: every tensor the model holds must
+// be there with its shape, and nothing else may be; a mismatch names the file and the tensor.
+#include <map>
+#include <string>
+
+#include "slm/io/safetensors.h"
+#include "slm/model/hybrid_lm.h"
+
+namespace slm::model {
+
+// Every parameter and buffer by name.
+std::map<std::string, torch::Tensor> named_state(const HybridLM& model);
+
+// Atomically writes the weights; metadata gets "format" = "slm-weights" and "recipe" = the recipe's name.
+void save_weights(const HybridLM& model, const std::string& path, const safetensors::Metadata& extra = {});
+
+// Copies the file's tensors into the model (converted to the model's dtype and device).
+void load_weights(HybridLM& model, const std::string& path);
+
+// A checkpoint argument is a weights file or a directory holding model.safetensors.
+std::string weights_path(const std::string& checkpoint);
+
+}  // namespace slm::model
