@@ -9,5 +9,6 @@ void add_info_command(CLI::App& app);
 void add_model_command(CLI::App& app);
 void add_generate_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
+void add_data_command(CLI::App& app);
 void add_nvfp4_command(CLI::App& app);
 }  // namespace slm::cli

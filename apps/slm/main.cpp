@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   slm::cli::add_model_command(app);
   slm::cli::add_generate_command(app);
   slm::cli::add_tokenizer_command(app);
+  slm::cli::add_data_command(app);
   slm::cli::add_nvfp4_command(app);
   try {
     app.parse(argc, argv);

@@ -1,0 +1,155 @@
+// slm data build | shard | inspect
+#include <filesystem>
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "slm/data/corpus.h"
+#include "slm/data/shard_builder.h"
+#include "slm/data/shards.h"
+#include "slm/util/error.h"
+#include "slm/util/progress.h"
+
+namespace slm::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The evaluation problems that must never enter a corpus (relative to the repository root).
+constexpr const char* kDefaultEval = "../shared/eval/multipl-e/humaneval-cpp.jsonl";
+constexpr const char* kDefaultTokenizer = "tokenizer/slm-code-32k.model";
+
+struct BuildFlags {
+  std::vector<std::string> domains;
+  bool all = false;
+  std::string out;
+  double max_mb = 0;
+  double max_file_mb = 1.0;
+  double val = 0.01, test = 0.01;
+  std::string eval = kDefaultEval;
+  bool no_decontam = false;
+  std::string tokenizer = kDefaultTokenizer;
+  bool no_tokens = false;
+  double near = 0.8;
+  std::vector<std::string> source_dirs;
+};
+
+void run_build(const BuildFlags& f) {
+  data::CorpusOptions o;
+  if (f.all) o.domains = data::implemented_domains();
+  for (const auto& d : f.domains) {
+    // Accept "cpp,cmake" as well as repeated flags.
+    size_t p = 0;
+    while (p <= d.size()) {
+      size_t e = d.find(',', p);
+      if (e == std::string::npos) e = d.size();
+      if (e > p) o.domains.push_back(d.substr(p, e - p));
+      p = e + 1;
+    }
+  }
+  if (o.domains.empty()) throw Error("data build: name --domain D (cpp, cmake, shell) or --all");
+  o.out_dir = f.out;
+  o.max_bytes_per_domain = static_cast<uint64_t>(f.max_mb * 1e6);
+  o.max_file_bytes = static_cast<uint64_t>(f.max_file_mb * 1e6);
+  o.validation_fraction = f.val;
+  o.test_fraction = f.test;
+  o.minhash.threshold = f.near;
+  if (!f.no_decontam) {
+    if (!fs::exists(f.eval))
+      throw Error(f.eval + ": evaluation problems not found (needed for decontamination; --no-decontam to skip)");
+    o.eval_jsonl = f.eval;
+  }
+  if (!f.no_tokens && fs::exists(f.tokenizer)) o.tokenizer = f.tokenizer;
+  for (const auto& d : o.domains) {
+    auto roots = data::default_roots(d);
+    // Unpacked Debian source packages (scripts/data-deps.sh): every domain's classifier looks at each one.
+    for (const auto& sd : f.source_dirs) {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(sd, ec))
+        if (e.is_directory()) roots.push_back({e.path().string(), "", "", false, {"/debian/"}});
+    }
+    o.roots[d] = roots;
+  }
+  std::unique_ptr<ProgressBar> bar;
+  std::string phase;
+  auto rep = data::build_corpus(o, [&](const std::string& ph, uint64_t done, uint64_t total) {
+    if (ph != phase) {
+      if (bar) bar->finish();
+      phase = ph;
+      bar = std::make_unique<ProgressBar>(std::cerr, ph, total, ph == "read" ? "B" : "files");
+    }
+    bar->set_total(total);
+    bar->update(done);
+  });
+  if (bar) bar->finish();
+  for (const auto& d : rep.domains)
+    for (const auto& m : d.missing_roots) std::cerr << "slm: note: " << d.domain << ": source not installed: " << m << "\n";
+  std::cout << rep.table();
+  std::cout << "wrote " << o.out_dir << "/<domain>/{train,validation,test}.jsonl and " << o.out_dir
+            << "/report.json (every removed document with its reason)\n";
+}
+
+}  // namespace
+
+void add_data_command(CLI::App& app) {
+  auto* data = app.add_subcommand("data", "Build domain corpora and token shards");
+  data->require_subcommand(1);
+
+  static BuildFlags bf;
+  auto* build = data->add_subcommand("build", "Build deduplicated, decontaminated, split corpora from local sources");
+  build->add_option("--domain", bf.domains, "domain(s): cpp, cmake, shell (comma-separated or repeated)");
+  build->add_flag("--all", bf.all, "every implemented domain");
+  build->add_option("--out", bf.out, "output directory")->required();
+  build->add_option("--max-mb", bf.max_mb, "cap each domain at about this many MB (sampled by path hash); 0 = all")
+      ->capture_default_str();
+  build->add_option("--max-file-mb", bf.max_file_mb, "skip files larger than this (generated code)")->capture_default_str();
+  build->add_option("--val", bf.val, "validation fraction (by source file)")->capture_default_str();
+  build->add_option("--test", bf.test, "test fraction (by source file)")->capture_default_str();
+  build->add_option("--near", bf.near, "near-duplicate threshold (estimated Jaccard of token 5-shingles)")
+      ->capture_default_str();
+  build->add_option("--eval", bf.eval, "evaluation problems to decontaminate against")->capture_default_str();
+  build->add_flag("--no-decontam", bf.no_decontam, "skip decontamination");
+  build->add_option("--tokenizer", bf.tokenizer, "tokenizer for the token counts (skipped when missing)")
+      ->capture_default_str();
+  build->add_flag("--no-tokens", bf.no_tokens, "do not count tokens");
+  build->add_option("--source-dir", bf.source_dirs, "directory of unpacked Debian source packages (apt-get source)");
+  build->callback([] { run_build(bf); });
+
+  static data::ShardBuildOptions so;
+  auto* shard = data->add_subcommand("shard", "Tokenize corpora or text into token shards (BOS + tokens + EOS per document)");
+  shard->alias("shards");
+  shard->add_option("--input", so.inputs, "corpus directories, .jsonl files, text files or directories")->required();
+  so.tokenizer = kDefaultTokenizer;
+  shard->add_option("--tokenizer", so.tokenizer, "tokenizer .model")->capture_default_str();
+  shard->add_option("--out", so.out_dir, "output directory")->required();
+  shard->add_option("--name", so.name, "shard prefix for non-corpus inputs")->capture_default_str();
+  shard->add_option("--max-shard-tokens", so.max_shard_tokens, "tokens per shard file")->capture_default_str();
+  shard->callback([] {
+    ProgressBar bar(std::cerr, "tokenize", 0, "B");
+    auto groups = data::build_shards(so, bar.callback());
+    bar.finish();
+    std::cout << "| group | documents | bytes | tokens | bytes/token | shards |\n|---|---:|---:|---:|---:|---:|\n";
+    for (const auto& g : groups) {
+      char bpt[32];
+      std::snprintf(bpt, sizeof bpt, "%.3f", g.tokens ? static_cast<double>(g.bytes) / static_cast<double>(g.tokens) : 0.0);
+      std::cout << "| " << g.name << " | " << g.documents << " | " << g.bytes << " | " << g.tokens << " | " << bpt
+                << " | " << g.shards.size() << " |\n";
+    }
+  });
+
+  static std::vector<std::string> inspect_paths;
+  auto* inspect = data->add_subcommand("inspect", "Verify token shards and print their headers");
+  inspect->add_option("shards", inspect_paths, "shard files or directories")->required();
+  inspect->callback([] {
+    for (const auto& in : inspect_paths)
+      for (const auto& p : data::list_shards(in)) {
+        auto s = data::Shard::open(p, /*verify=*/true);
+        s->metadata();  // checks the sidecar too
+        std::cout << p << ": ok, " << data::dtype_name(s->dtype()) << ", vocab " << s->vocab_size() << ", "
+                  << s->token_count() << " tokens, " << s->doc_count() << " documents\n";
+      }
+  });
+}
+
+}  // namespace slm::cli

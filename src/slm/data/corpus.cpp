@@ -1,0 +1,478 @@
+#include "slm/data/corpus.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "slm/data/decontam.h"
+#include "slm/data/hashing.h"
+#include "slm/data/text.h"
+#include "slm/data/tokenizer.h"
+#include "slm/util/error.h"
+
+namespace slm::data {
+
+namespace fs = std::filesystem;
+
+// ---------------------------------------------------------------------------------------------- sources
+
+const std::vector<std::string>& implemented_domains() {
+  static const std::vector<std::string> d = {"cpp", "cmake", "shell"};
+  return d;
+}
+
+namespace {
+
+std::string cmake_share_dir() {
+  // cmake-data installs /usr/share/cmake-X.Y; take the newest present (3.25 on bookworm).
+  std::string best;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/usr/share", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.starts_with("cmake-") && e.is_directory(ec) && e.path().string() > best) best = e.path().string();
+  }
+  return best.empty() ? "/usr/share/cmake-3.25" : best;
+}
+
+std::string lower_ext(const std::string& path) {
+  std::string e = fs::path(path).extension().string();
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return std::tolower(c); });
+  return e;
+}
+
+bool shell_shebang(std::string_view head) {
+  if (!head.starts_with("#!")) return false;
+  std::string_view first = head.substr(2, head.find('\n') == std::string_view::npos ? head.size() - 2 : head.find('\n') - 2);
+  for (const char* sh : {"/sh", "/bash", "/dash", "/ksh", "/zsh", "env sh", "env bash", "env dash", "env zsh"}) {
+    auto at = first.find(sh);
+    if (at == std::string_view::npos) continue;
+    const size_t end = at + std::string_view(sh).size();
+    if (end == first.size() || first[end] == ' ' || first[end] == '\t' || first[end] == '\r') return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<SourceRoot> default_roots(const std::string& domain) {
+  const std::string cm = cmake_share_dir();
+  if (domain == "cpp") {
+    const std::vector<std::string> boost_generated = {"/preprocessed/", "/boost/preprocessor/", "/typeof/",
+                                                      "/mpl/aux_/", "/vmd/"};
+    return {
+        {"/usr/include/c++/12", "libstdc++-12-dev", "", true, {}},
+        {"/usr/lib/llvm-14/include", "llvm-14-dev", "", false, {".inc", ".def"}},
+        {"/usr/src/googletest", "googletest", "", false, {}},
+        {"/usr/include/nlohmann", "nlohmann-json3-dev", "", false, {}},
+        {"/usr/include/CLI", "libcli11-dev", "", false, {}},
+        {"/usr/include/gtest", "libgtest-dev", "", false, {}},
+        {"/usr/include/gmock", "libgmock-dev", "", false, {}},
+        {"/usr/include/benchmark", "libbenchmark-dev", "", false, {}},
+        {"/usr/include/boost", "libboost1.74-dev", "", false, boost_generated},
+        {"/usr/include/eigen3", "libeigen3-dev", "", false, {}},
+        {"/usr/include/absl", "libabsl-dev", "", false, {}},
+        {"/usr/include/asio", "libasio-dev", "", false, {}},
+        {"/usr/include/fmt", "libfmt-dev", "", false, {}},
+        {"/usr/include/spdlog", "libspdlog-dev", "", false, {}},
+        {"/usr/include/x86_64-linux-gnu/qt5", "qtbase5-dev", "", false, {}},
+    };
+  }
+  if (domain == "cmake") {
+    return {
+        {cm + "/Modules", "cmake-data", "", false, {}},
+        {cm + "/Help", "cmake-data", "", true, {}},
+        {"/usr/lib/x86_64-linux-gnu/cmake", "", "", false, {}},
+        {"/usr/lib/cmake", "", "", false, {}},
+        {"/usr/share/cmake", "", "", false, {}},
+        {"/usr/lib/llvm-14/lib/cmake", "llvm-14-dev", "", false, {}},
+        {"/usr/src/googletest", "googletest", "", false, {}},
+    };
+  }
+  if (domain == "shell") {
+    return {
+        {"/usr/share/bash-completion/completions", "bash-completion", "", true, {}},
+        {"/var/lib/dpkg/info", "", "", false, {}},
+        {"/usr/bin", "", "", false, {}},
+        {"/usr/sbin", "", "", false, {}},
+        {"/usr/lib/git-core", "git", "", false, {}},
+        {"/etc", "", "", false, {}},
+    };
+  }
+  throw Error("data build: domain '" + domain + "' is not implemented yet (implemented: cpp, cmake, shell)");
+}
+
+bool domain_accepts(const std::string& domain, const std::string& path, std::string_view head) {
+  const std::string name = fs::path(path).filename().string();
+  const std::string ext = lower_ext(path);
+  if (domain == "cpp") {
+    static const std::set<std::string> exts = {".h",  ".hh",  ".hpp", ".hxx", ".h++", ".cc",  ".cpp",
+                                               ".cxx", ".c++", ".ipp", ".tcc", ".inl", ".txx"};
+    return exts.count(ext) > 0;
+  }
+  if (domain == "cmake") return name == "CMakeLists.txt" || ext == ".cmake" || name.ends_with(".cmake.in");
+  if (domain == "shell") {
+    if (ext == ".sh" || ext == ".bash" || ext == ".bats") return true;
+    return shell_shebang(head);
+  }
+  return false;
+}
+
+namespace {
+
+// dpkg's file lists: installed path -> package.
+class PackageIndex {
+ public:
+  explicit PackageIndex(std::string info_dir) : dir_(std::move(info_dir)) {}
+  std::string lookup(const std::string& path) {
+    load();
+    auto it = owner_.find(path);
+    return it == owner_.end() ? "" : it->second;
+  }
+
+ private:
+  void load() {
+    if (loaded_) return;
+    loaded_ = true;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir_, ec)) {
+      if (e.path().extension() != ".list") continue;
+      std::string pkg = e.path().stem().string();
+      pkg = pkg.substr(0, pkg.find(':'));
+      std::ifstream in(e.path());
+      std::string line;
+      while (std::getline(in, line)) owner_.emplace(line, pkg);
+    }
+  }
+  std::string dir_;
+  bool loaded_ = false;
+  std::unordered_map<std::string, std::string> owner_;
+};
+
+// The license named by a Debian copyright file: the first stanza's "License:" (DEP-5), else the first
+// License: line anywhere, else a pointer to the file.
+std::string license_from_copyright(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return "";
+  std::string line, first;
+  bool in_files_star = false;
+  while (std::getline(in, line)) {
+    if (line.starts_with("Files:")) in_files_star = line.find('*') != std::string::npos && line.size() < 12;
+    if (line.starts_with("License:")) {
+      std::string lic = line.substr(8);
+      lic.erase(0, lic.find_first_not_of(" \t"));
+      while (!lic.empty() && (lic.back() == ' ' || lic.back() == '\r')) lic.pop_back();
+      if (lic.empty()) continue;
+      if (in_files_star) return lic;
+      if (first.empty()) first = lic;
+    }
+  }
+  if (!first.empty()) return first;
+  // Not machine-readable: recognise the common license texts.
+  in.clear();
+  in.seekg(0);
+  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (all.find("Runtime Library Exception") != std::string::npos) return "GPL-3+ with GCC-exception-3.1";
+  if (all.find("Boost Software License") != std::string::npos) return "BSL-1.0";
+  if (all.find("Apache License") != std::string::npos) return "Apache-2.0";
+  if (all.find("GNU General Public License") != std::string::npos) return "GPL (see " + path + ")";
+  return "see " + path;
+}
+
+class LicenseIndex {
+ public:
+  explicit LicenseIndex(std::string doc_dir) : dir_(std::move(doc_dir)) {}
+  std::string lookup(const std::string& pkg) {
+    if (pkg.empty()) return "unknown";
+    auto it = cache_.find(pkg);
+    if (it != cache_.end()) return it->second;
+    std::string lic = license_from_copyright(dir_ + "/" + pkg + "/copyright");
+    if (lic.empty()) lic = "unknown";
+    cache_.emplace(pkg, lic);
+    return lic;
+  }
+
+ private:
+  std::string dir_;
+  std::unordered_map<std::string, std::string> cache_;
+};
+
+// An unpacked Debian source package (apt-get source): its Source name and license.
+bool debian_source_info(const std::string& root, std::string& package, std::string& license) {
+  std::ifstream ctl(root + "/debian/control");
+  if (!ctl) return false;
+  std::string line;
+  while (std::getline(ctl, line))
+    if (line.starts_with("Source:")) {
+      package = line.substr(7);
+      package.erase(0, package.find_first_not_of(" \t"));
+      break;
+    }
+  license = license_from_copyright(root + "/debian/copyright");
+  return !package.empty();
+}
+
+struct Candidate {
+  size_t domain;
+  std::string path;
+  uint64_t size;
+  std::string package, license;
+};
+
+struct Doc {
+  size_t domain;
+  DocumentMeta meta;
+  std::string text;
+  std::string split;
+  bool removed = false;
+};
+
+std::string head_of(const std::string& path, size_t n) {
+  std::ifstream in(path, std::ios::binary);
+  std::string s(n, '\0');
+  in.read(s.data(), static_cast<std::streamsize>(n));
+  s.resize(static_cast<size_t>(in.gcount()));
+  return s;
+}
+
+}  // namespace
+
+std::string split_of(const std::string& package, const std::string& path, double validation, double test,
+                     uint64_t seed) {
+  const double u = unit_interval(hash64(package + "\n" + path, seed ^ 0x73706c6974ULL));
+  if (u < test) return "test";
+  if (u < test + validation) return "validation";
+  return "train";
+}
+
+// ---------------------------------------------------------------------------------------------- report
+
+nlohmann::json CorpusReport::to_json() const {
+  nlohmann::json j;
+  j["domains"] = nlohmann::json::array();
+  for (const auto& d : domains) {
+    j["domains"].push_back({{"domain", d.domain},
+                            {"candidates", d.candidates},
+                            {"dropped_unclean", d.dropped_unclean},
+                            {"dropped_size", d.dropped_size},
+                            {"exact_duplicates", d.exact_dups},
+                            {"near_duplicates", d.near_dups},
+                            {"cross_domain_duplicates", d.cross_domain_dups},
+                            {"contaminated", d.contaminated},
+                            {"documents", d.documents},
+                            {"bytes", d.bytes},
+                            {"tokens", d.tokens},
+                            {"split_documents", d.split_docs},
+                            {"split_bytes", d.split_bytes},
+                            {"missing_roots", d.missing_roots}});
+  }
+  j["removed"] = removed;
+  return j;
+}
+
+std::string CorpusReport::table() const {
+  std::ostringstream o;
+  o << "| domain | documents | bytes | exact dups | near dups | (cross-domain) | contaminated | tokens | train / val / test docs |\n";
+  o << "|---|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  for (const auto& d : domains) {
+    auto sd = [&](const char* s) {
+      auto it = d.split_docs.find(s);
+      return it == d.split_docs.end() ? uint64_t{0} : it->second;
+    };
+    o << "| " << d.domain << " | " << d.documents << " | " << d.bytes << " | " << d.exact_dups << " | " << d.near_dups
+      << " | " << d.cross_domain_dups << " | " << d.contaminated << " | " << (d.tokens ? std::to_string(d.tokens) : "-")
+      << " | " << sd("train") << " / " << sd("validation") << " / " << sd("test") << " |\n";
+  }
+  return o.str();
+}
+
+// ---------------------------------------------------------------------------------------------- build
+
+CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress) {
+  if (o.domains.empty()) throw Error("data build: no domains");
+  if (o.out_dir.empty()) throw Error("data build: no output directory");
+  if (o.validation_fraction < 0 || o.test_fraction < 0 || o.validation_fraction + o.test_fraction >= 1)
+    throw Error("data build: validation + test fractions must be in [0, 1)");
+  auto report_progress = [&](const std::string& phase, uint64_t done, uint64_t total) {
+    if (progress) progress(phase, done, total);
+  };
+  CorpusReport rep;
+  PackageIndex packages(o.dpkg_info_dir);
+  LicenseIndex licenses(o.doc_dir);
+
+  // 1. Scan the roots for candidate files.
+  std::vector<Candidate> cands;
+  for (size_t di = 0; di < o.domains.size(); ++di) {
+    const std::string& domain = o.domains[di];
+    DomainSummary sum;
+    sum.domain = domain;
+    auto rit = o.roots.find(domain);
+    const std::vector<SourceRoot> roots = rit != o.roots.end() ? rit->second : default_roots(domain);
+    std::unordered_set<std::string> seen;
+    std::vector<Candidate> mine;
+    for (const auto& root : roots) {
+      std::error_code ec;
+      if (!fs::is_directory(root.path, ec)) {
+        sum.missing_roots.push_back(root.path + (root.package.empty() ? "" : " (" + root.package + ")"));
+        continue;
+      }
+      std::string root_pkg = root.package, root_lic = root.license;
+      debian_source_info(root.path, root_pkg, root_lic);
+      const bool maintainer_scripts = fs::path(root.path) == fs::path(o.dpkg_info_dir);
+      const size_t root_begin = mine.size();
+      for (auto it = fs::recursive_directory_iterator(root.path, fs::directory_options::skip_permission_denied, ec);
+           it != fs::recursive_directory_iterator(); it.increment(ec)) {
+        if (ec) break;
+        if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
+        const std::string path = it->path().string();
+        if (std::any_of(root.exclude.begin(), root.exclude.end(),
+                        [&](const std::string& x) { return path.find(x) != std::string::npos; }))
+          continue;
+        const uint64_t size = it->file_size(ec);
+        if (ec) continue;
+        bool take = root.all_files;
+        if (!take) {
+          const bool by_name = domain_accepts(domain, path, "");
+          take = by_name || (domain == "shell" && size > 2 && domain_accepts(domain, path, head_of(path, 128)));
+        }
+        if (!take || !seen.insert(path).second) continue;
+        ++sum.candidates;
+        if (size < o.min_file_bytes || size > o.max_file_bytes) {
+          ++sum.dropped_size;
+          continue;
+        }
+        Candidate c{di, path, size, root_pkg, root_lic};
+        if (maintainer_scripts) {
+          std::string stem = it->path().stem().string();
+          c.package = stem.substr(0, stem.find(':'));
+        } else if (std::string owner = packages.lookup(path); !owner.empty()) {
+          c.package = owner;
+        }
+        if (c.package.empty()) c.package = "unknown";
+        mine.push_back(std::move(c));
+        if (mine.size() % 256 == 0) report_progress("scan " + domain, mine.size(), 0);
+      }
+      // Directory order is the file system's: sort, so that the first copy of a duplicate is the same everywhere.
+      std::sort(mine.begin() + static_cast<std::ptrdiff_t>(root_begin), mine.end(),
+                [](const Candidate& a, const Candidate& b) { return a.path < b.path; });
+    }
+    // Sample down to the byte cap by a hash of the path (deterministic, spread over all roots).
+    uint64_t total = 0;
+    for (const auto& c : mine) total += c.size;
+    if (o.max_bytes_per_domain && total > o.max_bytes_per_domain) {
+      const double keep = static_cast<double>(o.max_bytes_per_domain) / static_cast<double>(total);
+      std::erase_if(mine, [&](const Candidate& c) { return unit_interval(hash64(c.path, 0x63617021ULL)) >= keep; });
+    }
+    for (auto& c : mine) cands.push_back(std::move(c));
+    rep.domains.push_back(std::move(sum));
+  }
+
+  // 2. Read them; keep clean UTF-8 text.
+  std::vector<Doc> docs;
+  uint64_t total_bytes = 0, read_bytes = 0;
+  for (const auto& c : cands) total_bytes += c.size;
+  for (const auto& c : cands) {
+    read_bytes += c.size;
+    std::string text;
+    try {
+      text = read_file_bytes(c.path);
+    } catch (const Error&) {
+      ++rep.domains[c.domain].dropped_unclean;
+      continue;
+    }
+    if (!is_clean_text(text)) {
+      ++rep.domains[c.domain].dropped_unclean;
+      continue;
+    }
+    Doc d;
+    d.domain = c.domain;
+    d.meta = {c.package, c.path, c.license.empty() ? licenses.lookup(c.package) : c.license, o.domains[c.domain]};
+    d.text = std::move(text);
+    docs.push_back(std::move(d));
+    report_progress("read", read_bytes, total_bytes);
+  }
+
+  // 3. Exact and near duplicates, across all domains in order (the first copy is kept).
+  Deduplicator dedup(o.minhash);
+  for (size_t i = 0; i < docs.size(); ++i) {
+    auto r = dedup.offer(static_cast<int64_t>(i), docs[i].text);
+    if (r.verdict != Deduplicator::Verdict::kUnique) {
+      auto& d = docs[i];
+      auto& kept = docs[static_cast<size_t>(r.duplicate_of)];
+      d.removed = true;
+      auto& sum = rep.domains[d.domain];
+      (r.verdict == Deduplicator::Verdict::kExact ? sum.exact_dups : sum.near_dups)++;
+      if (kept.domain != d.domain) ++sum.cross_domain_dups;
+      rep.removed.push_back({{"reason", r.verdict == Deduplicator::Verdict::kExact ? "exact-duplicate" : "near-duplicate"},
+                             {"domain", d.meta.domain},
+                             {"package", d.meta.package},
+                             {"path", d.meta.path},
+                             {"duplicate_of", kept.meta.path},
+                             {"similarity", r.similarity}});
+    }
+    if (i % 64 == 0 || i + 1 == docs.size()) report_progress("dedup", i + 1, docs.size());
+  }
+
+  // 4. Decontamination against the evaluation problems.
+  if (!o.eval_jsonl.empty()) {
+    Decontaminator dc(load_eval_problems(o.eval_jsonl), o.decontam_ngram);
+    for (size_t i = 0; i < docs.size(); ++i) {
+      auto& d = docs[i];
+      if (d.removed) continue;
+      auto hit = dc.check(d.text);
+      if (hit.contaminated) {
+        d.removed = true;
+        ++rep.domains[d.domain].contaminated;
+        rep.removed.push_back({{"reason", "contaminated"},
+                               {"domain", d.meta.domain},
+                               {"package", d.meta.package},
+                               {"path", d.meta.path},
+                               {"problem", hit.problem},
+                               {"matching_ngrams", hit.matches}});
+      }
+      if (i % 64 == 0 || i + 1 == docs.size()) report_progress("decontaminate", i + 1, docs.size());
+    }
+  }
+
+  // 5. Split by source file and write.
+  std::optional<Tokenizer> tok;
+  if (!o.tokenizer.empty()) tok = Tokenizer::load(o.tokenizer);
+  std::map<std::pair<size_t, std::string>, std::ofstream> outs;
+  fs::create_directories(o.out_dir);
+  for (size_t di = 0; di < o.domains.size(); ++di) {
+    fs::create_directories(fs::path(o.out_dir) / o.domains[di]);
+    for (const char* s : {"train", "validation", "test"}) {
+      auto p = fs::path(o.out_dir) / o.domains[di] / (std::string(s) + ".jsonl");
+      auto& f = outs[{di, s}];
+      f.open(p, std::ios::binary | std::ios::trunc);
+      if (!f) throw Error(p.string() + ": cannot write");
+    }
+  }
+  for (size_t i = 0; i < docs.size(); ++i) {
+    auto& d = docs[i];
+    if (d.removed) continue;
+    d.split = split_of(d.meta.package, d.meta.path, o.validation_fraction, o.test_fraction, o.split_seed);
+    auto& sum = rep.domains[d.domain];
+    ++sum.documents;
+    sum.bytes += d.text.size();
+    ++sum.split_docs[d.split];
+    sum.split_bytes[d.split] += d.text.size();
+    if (tok) sum.tokens += tok->encode(d.text).size();
+    outs[{d.domain, d.split}] << corpus_record(d.text, d.meta) << "\n";
+    if (i % 64 == 0 || i + 1 == docs.size()) report_progress(tok ? "tokenize+write" : "write", i + 1, docs.size());
+  }
+  for (auto& [k, f] : outs) {
+    f.close();
+    if (!f) throw Error(o.out_dir + ": write failed");
+  }
+  std::ofstream rj(fs::path(o.out_dir) / "report.json");
+  rj << rep.to_json().dump(1) << "\n";
+  return rep;
+}
+
+}  // namespace slm::data

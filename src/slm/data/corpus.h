@@ -1,0 +1,77 @@
+#pragma once
+// Domain corpora from local sources (Debian packages on this machine; see ../shared/reference/local_data.md):
+// collect files per domain, attach package/path/license/domain, drop binary and oversized files, remove exact
+// and near duplicates within and across domains, remove documents that overlap the evaluation problems, split
+// train/validation/test by a hash of the source file, and write <out>/<domain>/<split>.jsonl plus report.json.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "slm/data/dedup.h"
+
+namespace slm::data {
+
+// Where one domain's documents come from. With `all_files`, every clean text file under `path` is taken;
+// otherwise the domain's file classifier decides (C++ extensions, CMakeLists/.cmake, shell scripts).
+struct SourceRoot {
+  std::string path;
+  std::string package;  // the owning Debian package when known (else looked up in dpkg's file lists)
+  std::string license;  // empty: read /usr/share/doc/<package>/copyright
+  bool all_files = false;
+  std::vector<std::string> exclude;  // path substrings to skip (generated code, ...)
+};
+
+// The built-in roots of a domain (cpp, cmake, shell), whether or not they exist on this machine.
+std::vector<SourceRoot> default_roots(const std::string& domain);
+const std::vector<std::string>& implemented_domains();
+// Does the domain's classifier take this file? (head: its first bytes, for shebangs.)
+bool domain_accepts(const std::string& domain, const std::string& path, std::string_view head);
+
+struct CorpusOptions {
+  std::vector<std::string> domains;
+  std::string out_dir;
+  std::map<std::string, std::vector<SourceRoot>> roots;  // per domain; empty: default_roots
+  uint64_t max_bytes_per_domain = 0;  // 0: no cap; else sample files by a hash of their path down to the cap
+  uint64_t max_file_bytes = 1'000'000;
+  uint64_t min_file_bytes = 32;
+  double validation_fraction = 0.01;
+  double test_fraction = 0.01;
+  uint64_t split_seed = 0;
+  std::string eval_jsonl;  // problems to decontaminate against ("" = none)
+  int decontam_ngram = 13;
+  MinHashOptions minhash;
+  std::string tokenizer;  // optional .model: count tokens per domain
+  std::string dpkg_info_dir = "/var/lib/dpkg/info";
+  std::string doc_dir = "/usr/share/doc";
+};
+
+struct DomainSummary {
+  std::string domain;
+  uint64_t candidates = 0, dropped_unclean = 0, dropped_size = 0;
+  uint64_t exact_dups = 0, near_dups = 0, cross_domain_dups = 0, contaminated = 0;
+  uint64_t documents = 0, bytes = 0, tokens = 0;
+  std::map<std::string, uint64_t> split_docs, split_bytes;
+  std::vector<std::string> missing_roots;
+};
+
+struct CorpusReport {
+  std::vector<DomainSummary> domains;
+  nlohmann::json removed = nlohmann::json::array();  // every duplicate and contaminated document, with the reason
+  nlohmann::json to_json() const;
+  std::string table() const;  // the per-domain summary table (Markdown)
+};
+
+// Phase name, done, total.
+using CorpusProgress = std::function<void(const std::string& phase, uint64_t done, uint64_t total)>;
+
+CorpusReport build_corpus(const CorpusOptions& options, const CorpusProgress& progress = {});
+
+// "train", "validation" or "test" for a source file, by a hash of package + path.
+std::string split_of(const std::string& package, const std::string& path, double validation, double test,
+                     uint64_t seed);
+
+}  // namespace slm::data
