@@ -32,6 +32,9 @@ void expect_matches_reference(const torch::Tensor& x, const nv::QTensor& w, cons
 }  // namespace
 
 TEST(Nvfp4Linear, CpuMatchesDequantizeThenMatmulOnRandomShapes) {
+  for (bool simd : {true, false}) {
+  SCOPED_TRACE(simd ? "SIMD kernel" : "portable kernel");
+  nv::cpu_kernel_use_simd(simd);
   torch::manual_seed(21);
   struct Case {
     int64_t M, N, K;
@@ -47,6 +50,8 @@ TEST(Nvfp4Linear, CpuMatchesDequantizeThenMatmulOnRandomShapes) {
     EXPECT_EQ(y.scalar_type(), torch::kFloat);
     expect_matches_reference(x, w, y);
   }
+  }
+  nv::cpu_kernel_use_simd(true);
 }
 
 TEST(Nvfp4Linear, CpuAcceptsBatchDimsHalfInputsAndExpertSlices) {

@@ -2,7 +2,12 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#endif
+
 #include <array>
+#include <atomic>
 #include <cstring>
 
 #include "slm/util/error.h"
@@ -39,7 +44,7 @@ struct Args {
   const float* e4m3;
 };
 
-// Rows [n0, n1) of W against x rows [m0, m0 + MC): each 16-element block is decoded once (LUT, times its scale)
+// Portable version. Rows [n0, n1) of W against x rows [m0, m0 + MC): each 16-element block is decoded once (LUT, times its scale)
 // into registers and multiplied into MC 16-wide accumulators, reduced once per output.
 template <int MC>
 [[gnu::always_inline]] inline void rows_impl(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
@@ -76,9 +81,40 @@ void rows_default(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+// AVX2 + FMA: a block's 8 code bytes become 16 int8 values (2x the E2M1 value) with one byte shuffle, then two
+// vectors of 8 floats scaled by S/2; each x row takes two FMAs per block.
 template <int MC>
 [[gnu::target("avx2,fma")]] void rows_avx2(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
-  rows_impl<MC>(a, m0, n0, n1);
+  const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12);
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (int64_t n = n0; n < n1; ++n) {
+    __m256 acc[MC][2];
+    for (int mm = 0; mm < MC; ++mm) acc[mm][0] = acc[mm][1] = _mm256_setzero_ps();
+    const uint8_t* crow = a.codes + n * (a.kp / 2);
+    const uint8_t* srow = a.scales + n * a.blocks;
+    const float* xb = a.x + m0 * a.kp;
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(crow + b * 8));
+      const __m128i lo = _mm_and_si128(bytes, low4);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
+      const __m128i v = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));  // element order, values x2
+      const __m256 half_s = _mm256_set1_ps(0.5f * a.e4m3[srow[b]]);
+      const __m256 w0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)), half_s);
+      const __m256 w1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8))), half_s);
+      for (int mm = 0; mm < MC; ++mm) {
+        const float* xr = xb + mm * a.kp + b * 16;
+        acc[mm][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xr), acc[mm][0]);
+        acc[mm][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xr + 8), acc[mm][1]);
+      }
+    }
+    for (int mm = 0; mm < MC; ++mm) {
+      const __m256 s8 = _mm256_add_ps(acc[mm][0], acc[mm][1]);
+      __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+      s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+      s4 = _mm_add_ss(s4, _mm_movehdup_ps(s4));
+      a.y[(m0 + mm) * a.N + n] = _mm_cvtss_f32(s4) * a.s_dec;
+    }
+  }
 }
 bool have_avx2() {
   static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -86,10 +122,12 @@ bool have_avx2() {
 }
 #endif
 
+std::atomic<bool> g_use_simd{true};
+
 template <int MC>
 void rows(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
 #if defined(__x86_64__) && defined(__GNUC__)
-  if (have_avx2()) return rows_avx2<MC>(a, m0, n0, n1);
+  if (g_use_simd.load(std::memory_order_relaxed) && have_avx2()) return rows_avx2<MC>(a, m0, n0, n1);
 #endif
   rows_default<MC>(a, m0, n0, n1);
 }
@@ -104,6 +142,8 @@ void check_weight(const QTensor& w, int64_t K, const char* where) {
 }
 
 }  // namespace
+
+void cpu_kernel_use_simd(bool on) { g_use_simd.store(on); }
 
 torch::Tensor linear_cpu(const torch::Tensor& x_in, const QTensor& w) {
   if (x_in.dim() != 2) throw Error("nvfp4 linear_cpu: x must be [M, K]");

@@ -18,5 +18,7 @@ torch::Tensor linear_cpu(const torch::Tensor& x2, const QTensor& w);
 // Throws slm::Error when the build has no CUDA kernels.
 torch::Tensor linear_cuda(const torch::Tensor& x2, const QTensor& w);
 bool cuda_kernels_built();
+// Tests/benchmarks: false forces the portable CPU kernel even where the AVX2 one would run (default true).
+void cpu_kernel_use_simd(bool on);
 
 }  // namespace slm::nvfp4
