@@ -11,4 +11,5 @@ void add_generate_command(CLI::App& app);
 void add_tokenizer_command(CLI::App& app);
 void add_data_command(CLI::App& app);
 void add_nvfp4_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
 }  // namespace slm::cli

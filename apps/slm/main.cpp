@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   slm::cli::add_tokenizer_command(app);
   slm::cli::add_data_command(app);
   slm::cli::add_nvfp4_command(app);
+  slm::cli::add_quantize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
