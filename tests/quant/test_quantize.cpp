@@ -1,0 +1,147 @@
+// Checkpoint quantization: which tensors go to NVFP4 (against the recipe's parameter kinds), sizes, errors,
+// --keep-bf16, and the `slm quantize` command end to end on a random checkpoint of the tiny test recipe.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <torch/torch.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+
+#include "slm/io/safetensors.h"
+#include "slm/quant/nvfp4.h"
+#include "slm/quant/nvfp4_store.h"
+#include "slm/quant/quantize_checkpoint.h"
+#include "slm/recipe/accounting.h"
+#include "test_util.h"
+
+namespace nv = slm::nvfp4;
+
+namespace {
+
+// A random BF16 checkpoint with every tensor the tiny test recipe declares (names and shapes from accounting).
+struct Ckpt {
+  std::string path;
+  std::vector<slm::ParamSpec> specs;
+};
+
+Ckpt random_checkpoint(const std::string& name) {
+  slm::Recipe r = slm::test::parse(slm::test::base_recipe());
+  slm::Accounting acc = slm::account(r, slm::make_plan(r));
+  Ckpt c;
+  c.path = testing::TempDir() + "/" + name + ".safetensors";
+  c.specs = acc.params;
+  std::map<std::string, torch::Tensor> tensors;
+  torch::manual_seed(3);
+  for (const auto& p : acc.params) {
+    std::vector<int64_t> shape(p.shape.begin(), p.shape.end());
+    tensors[p.name] = (torch::randn(shape) * 0.05).to(torch::kBFloat16);
+  }
+  slm::safetensors::save(c.path, tensors, {{"recipe", "t"}});
+  return c;
+}
+
+struct CliResult {
+  int code;
+  std::string out;
+};
+
+CliResult run(const std::string& args) {
+  std::string cmd = std::string(SLM_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+}  // namespace
+
+TEST(Quantize, LinearAndExpertWeightsGoToNvfp4AndTheRestStaysBf16) {
+  Ckpt c = random_checkpoint("q_rules");
+  std::string out = testing::TempDir() + "/q_rules_nvfp4.safetensors";
+  nv::QuantizeReport rep = nv::quantize_checkpoint(c.path, out, {});
+  nv::Checkpoint q = nv::load_checkpoint(out);
+  EXPECT_EQ(q.metadata.at("recipe"), "t");
+  int64_t n_quant = 0;
+  for (const auto& p : c.specs) {
+    SCOPED_TRACE(p.name);
+    const bool big = p.shape.back() >= 16 && p.numel() >= 1024;
+    const bool want = big && (p.kind == slm::ParamKind::Linear || p.kind == slm::ParamKind::Expert ||
+                              p.kind == slm::ParamKind::Table);
+    EXPECT_EQ(q.quantized.count(p.name), want ? 1u : 0u) << slm::kind_name(p.kind);
+    EXPECT_EQ(q.dense.count(p.name), want ? 0u : 1u);
+    if (want) {
+      ++n_quant;
+      EXPECT_EQ(q.quantized.at(p.name).storage_bytes(), slm::nvfp4_bytes(p));
+    } else {
+      EXPECT_EQ(q.dense.at(p.name).scalar_type(), torch::kBFloat16);
+    }
+    if (p.kind == slm::ParamKind::Embedding || p.kind == slm::ParamKind::Norm || p.kind == slm::ParamKind::Router)
+      EXPECT_TRUE(q.dense.count(p.name));
+  }
+  EXPECT_GT(n_quant, 5);
+  EXPECT_EQ(rep.total.quantized, n_quant);
+  EXPECT_EQ(rep.total.tensors, static_cast<int64_t>(c.specs.size()));
+  // Quantized values: relative RMS error of Gaussian weights in NVFP4 is about 0.08-0.1.
+  slm::safetensors::File src = slm::safetensors::load(c.path);
+  double e2 = 0, r2 = 0;
+  for (const auto& [name, qt] : q.quantized) {
+    torch::Tensor x = src.tensors.at(name).to(torch::kDouble);
+    torch::Tensor d = nv::dequantize(qt, torch::kDouble);
+    EXPECT_EQ(nv::dequantize(qt).scalar_type(), torch::kBFloat16);
+    e2 += (x - d).pow(2).sum().item<double>();
+    r2 += x.pow(2).sum().item<double>();
+  }
+  EXPECT_LT(std::sqrt(e2 / r2), 0.12);
+  EXPECT_NEAR(rep.total.rel_rms(), std::sqrt(e2 / r2), 1e-6);
+  // Dense tensors are unchanged.
+  for (const auto& [name, t] : q.dense) EXPECT_TRUE(torch::equal(t, src.tensors.at(name))) << name;
+  // Sizes: each quantized family is >= 3.5x smaller than BF16.
+  for (const auto& [fam, f] : rep.families)
+    if (f.quantized == f.tensors && f.tensors > 0) EXPECT_GE(static_cast<double>(f.bytes_bf16) / f.bytes_out, 3.5) << fam;
+  EXPECT_EQ(rep.total.bytes_out, [&] {
+    int64_t b = 0;
+    for (const auto& [n, t] : q.dense) b += t.numel() * 2;
+    for (const auto& [n, qt] : q.quantized) b += qt.storage_bytes();
+    return b;
+  }());
+}
+
+TEST(Quantize, KeepBf16PatternsAndPassThrough) {
+  Ckpt c = random_checkpoint("q_keep");
+  std::string out = testing::TempDir() + "/q_keep_nvfp4.safetensors";
+  nv::quantize_checkpoint(c.path, out, {"layers.0.*", "*.w2*"});
+  nv::Checkpoint q = nv::load_checkpoint(out);
+  for (const auto& [name, qt] : q.quantized) {
+    EXPECT_NE(name.rfind("layers.0.", 0), 0u) << name;
+    EXPECT_EQ(name.find(".w2"), std::string::npos) << name;
+  }
+  EXPECT_FALSE(q.quantized.empty());
+  // Quantizing an NVFP4 checkpoint again keeps its NVFP4 tensors bit for bit.
+  std::string again = testing::TempDir() + "/q_keep_again.safetensors";
+  nv::quantize_checkpoint(out, again, {});
+  nv::Checkpoint q2 = nv::load_checkpoint(again);
+  for (const auto& [name, qt] : q.quantized) EXPECT_TRUE(torch::equal(q2.quantized.at(name).codes, qt.codes)) << name;
+}
+
+TEST(Quantize, CommandPrintsTheFamilyTableAndTotals) {
+  Ckpt c = random_checkpoint("q_cli");
+  std::string out = testing::TempDir() + "/q_cli_nvfp4.safetensors";
+  CliResult r = run("quantize --in " + c.path + " --out " + out + " --keep-bf16 '*.wo.weight'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* s : {"family", "attention", "moe_experts", "embedding", "norm", "router", "total", "rel RMS"})
+    EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
+  r = run("quantize --in " + c.path + " --out " + out + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_GT(j["total"]["quantized"].get<int>(), 0);
+  EXPECT_GT(j["families"]["moe_experts"]["ratio_vs_bf16"].get<double>(), 1.5);  // tiny shapes: 16-wide rows
+  EXPECT_EQ(j["families"]["embedding"]["quantized"], 0);
+  r = run("quantize --in " + testing::TempDir() + "/missing.safetensors --out " + out);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("missing.safetensors"), std::string::npos) << r.out;
+}
