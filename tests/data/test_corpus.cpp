@@ -239,8 +239,8 @@ TEST_F(PlantedCorpus, ShardsRoundTripThroughTheLoader) {
       ASSERT_EQ(ids.back(), tok.eos_id());
       ASSERT_LT(k, docs.size());
       EXPECT_EQ(tok.decode(ids), docs[k]["text"].get<std::string>());
-      EXPECT_EQ(meta[d].path, docs[k]["path"]);
-      EXPECT_EQ(meta[d].license, docs[k]["license"]);
+      EXPECT_EQ(meta[d].path, docs[k]["path"].get<std::string>());
+      EXPECT_EQ(meta[d].license, docs[k]["license"].get<std::string>());
       stream.insert(stream.end(), ids.begin(), ids.end());
     }
   }
