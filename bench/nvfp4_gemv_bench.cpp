@@ -32,7 +32,7 @@
 #include "slm/quant/cuda/nvfp4_gemv.h"
 #endif
 
-namespace nv = slm::nvfp4;
+namespace fp4 = slm::nvfp4;
 
 namespace {
 
@@ -102,12 +102,12 @@ void run_cpu(const Options& o) {
   for (const auto& s : kShapes) {
     torch::manual_seed(1);
     torch::Tensor w = torch::randn({s.n, s.k}).to(torch::kBFloat16);
-    nv::QTensor q = nv::quantize(w);
+    fp4::QTensor q = fp4::quantize(w);
     const double qbytes = static_cast<double>(q.storage_bytes());
     const double f32bytes = static_cast<double>(s.n * s.k * 4), bf16bytes = static_cast<double>(s.n * s.k * 2);
-    std::vector<nv::QTensor> qs;
+    std::vector<fp4::QTensor> qs;
     for (int i = 0, c = copies_for(qbytes, o); i < c; ++i) {
-      nv::QTensor qc = q;
+      fp4::QTensor qc = q;
       qc.codes = q.codes.clone();
       qc.scales = q.scales.clone();
       qc.tensor_scale = q.tensor_scale.clone();
@@ -119,7 +119,7 @@ void run_cpu(const Options& o) {
     for (int64_t M : o.batches) {
       torch::Tensor x = torch::randn({M, s.k});
       torch::Tensor xb = x.to(torch::kBFloat16);
-      double tq = time_calls([&](int i) { nv::linear(x, qs[i % qs.size()]); }, min_time, 8);
+      double tq = time_calls([&](int i) { fp4::linear(x, qs[i % qs.size()]); }, min_time, 8);
       double tf = time_calls([&](int i) { torch::matmul(x, f32s[i % f32s.size()].t()); }, min_time, 4);
       double tb = time_calls([&](int i) { torch::matmul(xb, bf16s[i % bf16s.size()].t()); }, min_time, 4);
       std::printf("%-24s %3lld | %10.1f %8.2f %4.0f%% | %10.1f %8.2f %6.2fx | %10.1f %8.2f %6.2fx\n", s.what,
@@ -227,7 +227,7 @@ void run_cuda(const Options& o) {
   for (const auto& s : kShapes) {
     torch::manual_seed(1);
     torch::Tensor w = torch::randn({s.n, s.k}).to(torch::kBFloat16);
-    nv::QTensor q = nv::quantize(w);
+    fp4::QTensor q = fp4::quantize(w);
     const int64_t blocks = q.blocks_per_row(), kp = q.k_padded();
     const double qbytes = static_cast<double>(q.storage_bytes()), bbytes = static_cast<double>(s.n * s.k * 2);
     struct QDev {
@@ -253,7 +253,7 @@ void run_cuda(const Options& o) {
       CK(cudaMalloc(&yb, M * s.n * 2));
       auto enqueue_q = [&](int i) {
         const QDev& d = qd[i % qd.size()];
-        std::string err = nv::cuda::gemv(d.codes, d.scales, d.ts, xd, yq, M, s.n, blocks, stream);
+        std::string err = fp4::cuda::gemv(d.codes, d.scales, d.ts, xd, yq, M, s.n, blocks, stream);
         if (!err.empty()) {
           std::fprintf(stderr, "nvfp4 gemv: %s\n", err.c_str());
           std::exit(1);
@@ -274,7 +274,7 @@ void run_cuda(const Options& o) {
       CK(cudaStreamSynchronize(stream));
       torch::Tensor yg = torch::empty({M, s.n}, torch::kFloat);
       CK(cudaMemcpy(yg.data_ptr(), yq, M * s.n * 4, cudaMemcpyDeviceToHost));
-      torch::Tensor yc = nv::linear(x.to(torch::kFloat), q);
+      torch::Tensor yc = fp4::linear(x.to(torch::kFloat), q);
       double rel = ((yg - yc).abs().max() / yc.abs().max()).item<double>();
       std::printf("%-24s %3lld | %9.2f %8.0f %4.0f%% | %9.2f %8.0f %4.0f%% | %6.2fx | rel err %.1e\n", s.what,
                   static_cast<long long>(M), tq * 1e6, qbytes / tq / 1e9, 100 * qbytes / tq / bw, tb * 1e6,

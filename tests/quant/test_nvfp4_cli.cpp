@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -18,7 +19,9 @@ struct CliResult {
 
 CliResult run_with_stdin(const std::string& args, const std::string& input) {
   static int counter = 0;
-  std::string path = testing::TempDir() + "/nvfp4_cli_in_" + std::to_string(counter++) + ".txt";
+  // ctest runs test cases as parallel processes sharing TempDir(): the pid keeps their inputs apart.
+  std::string path = testing::TempDir() + "/nvfp4_cli_in_" + std::to_string(getpid()) + "_" +
+                     std::to_string(counter++) + ".txt";
   std::ofstream(path) << input;
   std::string cmd = std::string(SLM_BINARY) + " " + args + " < " + path + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
