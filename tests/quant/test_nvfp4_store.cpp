@@ -3,7 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <filesystem>
+#include <sys/stat.h>
+
 #include <fstream>
 
 #include "quant/nvfp4_reference.h"
@@ -15,14 +16,14 @@
 namespace nv = slm::nvfp4;
 namespace st = slm::safetensors;
 namespace ref = slm::test::nvfp4ref;
-namespace fs = std::filesystem;
 
 namespace {
 
 std::string temp_path(const std::string& name) {
-  fs::path d = fs::path(testing::TempDir()) / "slm_nvfp4_store";
-  fs::create_directories(d);
-  return (d / name).string();
+  // POSIX only: libtorch exports std::filesystem symbols that can shadow libstdc++'s.
+  std::string d = testing::TempDir() + "/slm_nvfp4_store";
+  ::mkdir(d.c_str(), 0755);
+  return d + "/" + name;
 }
 
 nv::Checkpoint sample() {

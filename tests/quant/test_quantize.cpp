@@ -7,7 +7,6 @@
 
 #include <array>
 #include <cstdio>
-#include <filesystem>
 
 #include "slm/io/safetensors.h"
 #include "slm/quant/nvfp4.h"
