@@ -26,12 +26,11 @@ long long ParamSpec::numel() const {
   return std::accumulate(shape.begin(), shape.end(), 1LL, [](long long a, long long b) { return a * b; });
 }
 
-// Projections and experts are matmul weights; the token embedding and Engram tables are row gathers whose
-// 16-element blocks run along the row, so a gathered row dequantizes on its own. The LM head, router, DSA
-// indexer, norms and small vectors stay BF16 (as the product does: they are small or precision-sensitive).
+// Projections and experts are matmul weights; Engram tables are row gathers whose 16-element blocks run along
+// the row, so a gathered row dequantizes on its own. The token embedding, LM head, router, DSA indexer, norms and
+// small vectors stay BF16 (issue 8 and the product: small or precision-sensitive). `slm quantize` uses this rule.
 bool ParamSpec::quantized() const {
-  return kind == ParamKind::Linear || kind == ParamKind::Expert || kind == ParamKind::Embedding ||
-         kind == ParamKind::Table;
+  return kind == ParamKind::Linear || kind == ParamKind::Expert || kind == ParamKind::Table;
 }
 
 long long nvfp4_bytes(const ParamSpec& p) {

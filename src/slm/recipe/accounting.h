@@ -42,7 +42,7 @@ struct ParamSpec {
   bool routed = false;  // routed expert weight: k of N active per token
   bool mtp = false;     // part of an MTP module
   long long numel() const;
-  bool quantized() const;  // NVFP4-eligible: Linear, Expert, Embedding and Table weights
+  bool quantized() const;  // NVFP4-eligible: Linear, Expert and Table (Engram) weights
 };
 
 struct LayerCount {

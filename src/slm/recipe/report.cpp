@@ -160,7 +160,7 @@ std::string ensemble_report_text(const Ensemble& e) {
                 human_bytes(e.bytes_nvfp4).c_str());
   s << line;
   s << "\nweights include MTP modules and Engram tables (stored " << human_count(e.stored) << "); NVFP4 packs "
-    << "projections, experts, the embedding and Engram tables at 4.5 bits per weight and keeps the rest in BF16: "
+    << "projections, experts and Engram tables at 4.5 bits per weight and keeps the rest in BF16: "
     << ratio(e.bytes_bf16, e.bytes_nvfp4) << " smaller than BF16\n";
   return s.str();
 }
