@@ -1,7 +1,13 @@
 #pragma once
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <optional>
 #include <string>
 
 #include "slm/recipe/recipe.h"
@@ -33,6 +39,32 @@ inline void expect_error(const nlohmann::json& j, std::initializer_list<std::str
     std::string msg = e.what();
     for (const auto& f : fragments) EXPECT_NE(msg.find(f), std::string::npos) << "message: " << msg << "\nmissing: " << f;
   }
+}
+
+struct CliResult {
+  int code;         // exit status (-1 if the program did not exit normally)
+  std::string out;  // stdout and stderr together
+};
+
+// Runs the slm program as a user would, with one intra-op thread (ctest already runs a process per core).
+// stdin_text, when given, is fed on standard input through a file unique to this process.
+inline CliResult run_slm(const std::string& args, const std::optional<std::string>& stdin_text = std::nullopt) {
+  std::string cmd = "OMP_NUM_THREADS=1 " + std::string(SLM_BINARY) + " " + args;
+  if (stdin_text) {
+    static int counter = 0;
+    std::string path = testing::TempDir() + "/slm_stdin_" + std::to_string(getpid()) + "_" +
+                       std::to_string(counter++) + ".txt";
+    std::ofstream(path, std::ios::binary) << *stdin_text;
+    cmd += " < " + path;
+  }
+  cmd += " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
 }  // namespace slm::test

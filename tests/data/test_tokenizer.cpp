@@ -47,20 +47,6 @@ std::vector<std::string> tricky_texts() {
   return v;
 }
 
-struct CliResult {
-  int code;
-  std::string out;
-};
-
-CliResult run(const std::string& args) {
-  FILE* p = popen((std::string(SLM_BINARY) + " " + args + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 }  // namespace
 
@@ -132,13 +118,13 @@ TEST(TokenizerCli, EncodeDecodeRoundTripsFileBytes) {
   std::string bytes = "a\tb  c\r\n\xff\xe2\x96\x81 end";
   write_file(dir + "/in.bin", bytes);
   const std::string model = source_path(kModel);
-  auto enc = run("tokenizer encode --model " + model + " " + dir + "/in.bin");
+  auto enc = run_slm("tokenizer encode --model " + model + " " + dir + "/in.bin");
   ASSERT_EQ(enc.code, 0) << enc.out;
   write_file(dir + "/ids.txt", enc.out);
-  auto dec = run("tokenizer decode --model " + model + " " + dir + "/ids.txt");
+  auto dec = run_slm("tokenizer decode --model " + model + " " + dir + "/ids.txt");
   ASSERT_EQ(dec.code, 0) << dec.out;
   EXPECT_EQ(dec.out, bytes);
-  auto bad = run("tokenizer decode --model " + model + " " + dir + "/in.bin");
+  auto bad = run_slm("tokenizer decode --model " + model + " " + dir + "/in.bin");
   EXPECT_EQ(bad.code, 2);
   EXPECT_NE(bad.out.find("is not a token id"), std::string::npos) << bad.out;
 }

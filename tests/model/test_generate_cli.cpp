@@ -14,12 +14,12 @@ using namespace slm::test;
 
 namespace {
 
-struct CliResult {
+struct SplitCliResult {
   int code;
   std::string out, err;
 };
 
-CliResult run(const std::string& args) {
+SplitCliResult run(const std::string& args) {
   static int counter = 0;
   std::string err_path = testing::TempDir() + "/slm_model_cli_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".err";
   std::string cmd = "OMP_NUM_THREADS=1 " + std::string(SLM_BINARY) + " " + args + " 2>" + err_path;
@@ -53,7 +53,7 @@ TEST(GenerateCli, PrintsSixteenTokensDeterministically) {
       "generate --recipe " + source_path("recipes/tiny-ae.json") + " --prompt \"int main(\" --max-tokens 16 --seed 1";
   // One intra-op thread: two test processes share two cores, and oversubscribed threads make the
   // binary ~8x slower without changing its output.
-  CliResult a = run(args), b = run(args);
+  SplitCliResult a = run(args), b = run(args);
   ASSERT_EQ(a.code, 0) << a.err;
   EXPECT_NE(a.err.find("RANDOM"), std::string::npos) << a.err;
   EXPECT_NE(a.err.find("generated 16 tokens"), std::string::npos) << a.err;
@@ -62,7 +62,7 @@ TEST(GenerateCli, PrintsSixteenTokensDeterministically) {
   for (auto id : ids) EXPECT_TRUE((id >= 0 && id < 256) || id == 257) << id;  // bytes or <eos>
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(ids, generated_ids(b.err));
-  CliResult c = run("generate --recipe " + source_path("recipes/tiny-ae.json") +
+  SplitCliResult c = run("generate --recipe " + source_path("recipes/tiny-ae.json") +
               " --prompt \"int main(\" --max-tokens 16 --seed 1 --temperature 0");
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_EQ(generated_ids(c.err).size(), 16u);
@@ -74,14 +74,14 @@ TEST(GenerateCli, RefusesRecipesThatCannotBeBuiltYet) {
   j["engram"] = {{"enabled", true}, {"layers", {0}}, {"table_rows", 7}, {"embed_dim", 4}};
   const std::string path = testing::TempDir() + "/engram_" + std::to_string(getpid()) + ".json";
   std::ofstream(path) << j.dump();
-  CliResult r = run("generate --recipe " + path + " --prompt x --max-tokens 2");
+  SplitCliResult r = run("generate --recipe " + path + " --prompt x --max-tokens 2");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.err.find("not implemented yet"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("Engram"), std::string::npos) << r.err;
 }
 
 TEST(ModelSummaryCli, JsonCountsEqualAccounting) {
-  CliResult r = run("model summary --recipe " + source_path("recipes/tiny-ae.json") + " --json");
+  SplitCliResult r = run("model summary --recipe " + source_path("recipes/tiny-ae.json") + " --json");
   ASSERT_EQ(r.code, 0) << r.err;
   auto j = nlohmann::json::parse(r.out);
   slm::Recipe recipe = tiny_ae();
@@ -94,7 +94,7 @@ TEST(ModelSummaryCli, JsonCountsEqualAccounting) {
   EXPECT_EQ(j["layers"][1]["params"].get<long long>(), acc.layers[1].total);
   EXPECT_EQ(j["memory"]["fp32_bytes"].get<long long>(), 4 * (acc.total + acc.mtp_total) + 4 * 3 * 8);
   EXPECT_TRUE(j["matches_accounting"].get<bool>());
-  CliResult text = run("model summary --recipe " + source_path("recipes/tiny-ae.json"));
+  SplitCliResult text = run("model summary --recipe " + source_path("recipes/tiny-ae.json"));
   ASSERT_EQ(text.code, 0);
   EXPECT_NE(text.out.find("MoELayer"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("accounting agrees"), std::string::npos) << text.out;

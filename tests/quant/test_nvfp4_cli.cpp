@@ -10,28 +10,13 @@
 #include <sstream>
 #include <string>
 
+#include "test_util.h"
+
+using slm::test::CliResult;
+using slm::test::run_slm;
+
 namespace {
 
-struct CliResult {
-  int code;
-  std::string out;
-};
-
-CliResult run_with_stdin(const std::string& args, const std::string& input) {
-  static int counter = 0;
-  // ctest runs test cases as parallel processes sharing TempDir(): the pid keeps their inputs apart.
-  std::string path = testing::TempDir() + "/nvfp4_cli_in_" + std::to_string(getpid()) + "_" +
-                     std::to_string(counter++) + ".txt";
-  std::ofstream(path) << input;
-  std::string cmd = std::string(SLM_BINARY) + " " + args + " < " + path + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 const char* kBlock = "0 0.6 -1.2 2.0 2.4 -3.6 4.4 5.4\n-6.2 7.2 9.0 -10.6 12.0 0.2 -0.9 11.0";
 
@@ -39,7 +24,7 @@ const char* kBlock = "0 0.6 -1.2 2.0 2.4 -3.6 4.4 5.4\n-6.2 7.2 9.0 -10.6 12.0 0
 
 // The hand-computed block of test_nvfp4.cpp (amax 12: tensor scale fp32(1/224), block scale 0x7E = 448).
 TEST(Nvfp4Cli, EncodePrintsTheHandComputedBlock) {
-  CliResult r = run_with_stdin("nvfp4 encode --json", kBlock);
+  CliResult r = run_slm("nvfp4 encode --json", kBlock);
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j.size(), 3u);
@@ -49,12 +34,12 @@ TEST(Nvfp4Cli, EncodePrintsTheHandComputedBlock) {
 }
 
 TEST(Nvfp4Cli, DecodeReversesEncode) {
-  CliResult e = run_with_stdin("nvfp4 encode --json", "1 -2 3.3 0 1e-3 5 6 7 8 9 10 11 12 13 14 15 16 -40 0.5");
+  CliResult e = run_slm("nvfp4 encode --json", "1 -2 3.3 0 1e-3 5 6 7 8 9 10 11 12 13 14 15 16 -40 0.5");
   ASSERT_EQ(e.code, 0) << e.out;
   auto j = nlohmann::json::parse(e.out);
   EXPECT_EQ(j["codes"].size(), 19u);
   EXPECT_EQ(j["block_scales"].size(), 2u);
-  CliResult d = run_with_stdin("nvfp4 decode --json", e.out);
+  CliResult d = run_slm("nvfp4 decode --json", e.out);
   ASSERT_EQ(d.code, 0) << d.out;
   std::istringstream in(d.out);
   std::vector<double> v;
@@ -72,31 +57,31 @@ TEST(Nvfp4Cli, DecodeReversesEncode) {
     EXPECT_NEAR(v[i], want, 1e-6 * std::fabs(want) + 1e-12) << i;
   }
   // Re-encoding the decoded values reproduces the codes.
-  CliResult e2 = run_with_stdin("nvfp4 encode --json", d.out);
+  CliResult e2 = run_slm("nvfp4 encode --json", d.out);
   ASSERT_EQ(e2.code, 0) << e2.out;
   EXPECT_EQ(nlohmann::json::parse(e2.out)["codes"], j["codes"]);
 }
 
 TEST(Nvfp4Cli, BadInputExitsWithCode2AndAClearMessage) {
-  CliResult r = run_with_stdin("nvfp4 encode --json", "1 2 abc");
+  CliResult r = run_slm("nvfp4 encode --json", "1 2 abc");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("'abc' is not a number"), std::string::npos) << r.out;
-  r = run_with_stdin("nvfp4 encode --json", "");
+  r = run_slm("nvfp4 encode --json", "");
   EXPECT_EQ(r.code, 2) << r.out;
-  r = run_with_stdin("nvfp4 encode --json", "1 nan");
+  r = run_slm("nvfp4 encode --json", "1 nan");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("flat index 1"), std::string::npos) << r.out;
-  r = run_with_stdin("nvfp4 decode --json", R"({"tensor_scale": 1, "block_scales": [56, 56], "codes": [1, 2]})");
+  r = run_slm("nvfp4 decode --json", R"({"tensor_scale": 1, "block_scales": [56, 56], "codes": [1, 2]})");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("block_scales"), std::string::npos) << r.out;
-  r = run_with_stdin("nvfp4 decode --json", R"({"tensor_scale": 1, "block_scales": [56], "codes": [1, 16]})");
+  r = run_slm("nvfp4 decode --json", R"({"tensor_scale": 1, "block_scales": [56], "codes": [1, 16]})");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("codes[1]"), std::string::npos) << r.out;
-  r = run_with_stdin("nvfp4 decode --json", R"({"tensor_scale": 1, "block_scales": [127], "codes": [1]})");
+  r = run_slm("nvfp4 decode --json", R"({"tensor_scale": 1, "block_scales": [127], "codes": [1]})");
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("NaN"), std::string::npos) << r.out;
-  r = run_with_stdin("nvfp4 decode --json", R"({"tensor_scale": 1, "block_scale": [56], "codes": [1]})");
+  r = run_slm("nvfp4 decode --json", R"({"tensor_scale": 1, "block_scale": [56], "codes": [1]})");
   EXPECT_EQ(r.code, 2) << r.out;
-  r = run_with_stdin("nvfp4 decode --json", "not json");
+  r = run_slm("nvfp4 decode --json", "not json");
   EXPECT_EQ(r.code, 2) << r.out;
 }

@@ -16,6 +16,8 @@
 #include "test_util.h"
 
 namespace nv = slm::nvfp4;
+using slm::test::CliResult;
+using slm::test::run_slm;
 
 namespace {
 
@@ -41,21 +43,6 @@ Ckpt random_checkpoint(const std::string& name) {
   return c;
 }
 
-struct CliResult {
-  int code;
-  std::string out;
-};
-
-CliResult run(const std::string& args) {
-  std::string cmd = std::string(SLM_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 }  // namespace
 
@@ -130,17 +117,17 @@ TEST(Quantize, KeepBf16PatternsAndPassThrough) {
 TEST(Quantize, CommandPrintsTheFamilyTableAndTotals) {
   Ckpt c = random_checkpoint("q_cli");
   std::string out = testing::TempDir() + "/q_cli_nvfp4.safetensors";
-  CliResult r = run("quantize --in " + c.path + " --out " + out + " --keep-bf16 '*.wo.weight'");
+  CliResult r = run_slm("quantize --in " + c.path + " --out " + out + " --keep-bf16 '*.wo.weight'");
   ASSERT_EQ(r.code, 0) << r.out;
   for (const char* s : {"family", "attention", "moe_experts", "embedding", "norm", "router", "total", "rel RMS"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
-  r = run("quantize --in " + c.path + " --out " + out + " --json");
+  r = run_slm("quantize --in " + c.path + " --out " + out + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_GT(j["total"]["quantized"].get<int>(), 0);
   EXPECT_GT(j["families"]["moe_experts"]["ratio_vs_bf16"].get<double>(), 1.5);  // tiny shapes: 16-wide rows
   EXPECT_EQ(j["families"]["embedding"]["quantized"], 0);
-  r = run("quantize --in " + testing::TempDir() + "/missing.safetensors --out " + out);
+  r = run_slm("quantize --in " + testing::TempDir() + "/missing.safetensors --out " + out);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("missing.safetensors"), std::string::npos) << r.out;
 }

@@ -10,28 +10,16 @@
 
 #include "test_util.h"
 
+using slm::test::CliResult;
+using slm::test::run_slm;
+
 namespace {
 
-struct CliRun {
-  int code;
-  std::string out;
-};
-
-CliRun run(const std::string& args) {
-  std::string cmd = std::string(SLM_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  int status = pclose(p);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
 
 }  // namespace
 
 TEST(Cli, RecipeShowJsonNam56r) {
-  CliRun r = run("recipe show " + slm::test::source_path("recipes/nam56r.json") + " --json");
+  CliResult r = run_slm("recipe show " + slm::test::source_path("recipes/nam56r.json") + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["depth"], 52);
@@ -47,7 +35,7 @@ TEST(Cli, RecipeShowJsonNam56r) {
 }
 
 TEST(Cli, RecipeShowTextListsEveryLayer) {
-  CliRun r = run("recipe show " + slm::test::source_path("recipes/tiny-hybrid.json"));
+  CliResult r = run_slm("recipe show " + slm::test::source_path("recipes/tiny-hybrid.json"));
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("composition  A 3  E 5  M 3  R 1"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("   11  R      m2rnn"), std::string::npos) << r.out;
@@ -58,28 +46,28 @@ TEST(Cli, InvalidRecipeExitsWithCode2AndNamesTheField) {
   auto j = slm::test::base_recipe();
   j["attention"]["kv_heads"] = 3;
   std::ofstream(path) << j.dump();
-  CliRun r = run("recipe show " + path);
+  CliResult r = run_slm("recipe show " + path);
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("slm: error: " + path + ": attention.kv_heads"), std::string::npos) << r.out;
 }
 
 TEST(Cli, MissingFileExitsWithCode2) {
-  CliRun r = run("recipe validate /nonexistent.json");
+  CliResult r = run_slm("recipe validate /nonexistent.json");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("/nonexistent.json: cannot open file"), std::string::npos) << r.out;
 }
 
-TEST(Cli, UnknownSubcommandExitsWithCode2) { EXPECT_EQ(run("frobnicate").code, 2); }
+TEST(Cli, UnknownSubcommandExitsWithCode2) { EXPECT_EQ(run_slm("frobnicate").code, 2); }
 
 TEST(Cli, HelpListsSubcommands) {
-  CliRun r = run("--help");
+  CliResult r = run_slm("--help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.out.find("recipe"), std::string::npos);
   EXPECT_NE(r.out.find("ensemble"), std::string::npos);
 }
 
 TEST(Cli, EnsembleShowJsonHasSums) {
-  CliRun r = run("ensemble show " + slm::test::source_path("recipes/ensembles/product.json") + " --json");
+  CliResult r = run_slm("ensemble show " + slm::test::source_path("recipes/ensembles/product.json") + " --json");
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["specialists"].size(), 8u);
