@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "slm/util/error.h"
+#include "slm/util/format.h"
 
 namespace slm::safetensors {
 
@@ -37,14 +38,6 @@ const DtypeName kDtypes[] = {
 };
 
 std::string sys_error() { return std::strerror(errno); }
-
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
-  o << "]";
-  return o.str();
-}
 
 class Fd {
  public:

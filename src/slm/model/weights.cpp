@@ -3,23 +3,11 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <sstream>
 
 #include "slm/util/error.h"
+#include "slm/util/format.h"
 
 namespace slm::model {
-
-namespace {
-
-std::string shape_text(c10::IntArrayRef s) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
-  o << "]";
-  return o.str();
-}
-
-}  // namespace
 
 std::map<std::string, torch::Tensor> named_state(const HybridLM& model) {
   std::map<std::string, torch::Tensor> out;

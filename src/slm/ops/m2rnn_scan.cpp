@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "slm/util/error.h"
+#include "slm/util/format.h"
 
 namespace slm::ops {
 
@@ -13,13 +14,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-std::string shape_text(const at::Tensor& t) {
-  if (!t.defined()) return "undefined";
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
 
 void expect_shape(const at::Tensor& t, std::vector<int64_t> shape, const char* what) {
   if (!t.defined() || t.sizes() != at::IntArrayRef(shape)) {

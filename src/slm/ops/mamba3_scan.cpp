@@ -7,19 +7,13 @@
 #include <vector>
 
 #include "slm/util/error.h"
+#include "slm/util/format.h"
 
 namespace slm::ops {
 
 namespace {
 
 constexpr double kTwoPi = 2.0 * std::numbers::pi;
-
-std::string shape_text(const at::Tensor& t) {
-  if (!t.defined()) return "undefined";
-  std::string s = "[";
-  for (int64_t i = 0; i < t.dim(); ++i) s += (i ? ", " : "") + std::to_string(t.size(i));
-  return s + "]";
-}
 
 void expect_shape(const at::Tensor& t, const std::vector<int64_t>& shape, const char* what) {
   if (!t.defined() || t.sizes() != at::IntArrayRef(shape))

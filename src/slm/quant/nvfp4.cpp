@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "slm/util/error.h"
+#include "slm/util/format.h"
 
 namespace slm::nvfp4 {
 
@@ -43,16 +44,6 @@ float uniform(uint64_t seed, uint64_t index) {
   z ^= z >> 31;
   return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
 }
-
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
-  o << "]";
-  return o.str();
-}
-
-std::string shape_text(const torch::Tensor& t) { return shape_text(t.sizes().vec()); }
 
 struct MatrixScales {
   float s_enc = 0.0f;

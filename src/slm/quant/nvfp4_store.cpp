@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "slm/util/error.h"
+#include "slm/util/format.h"
 
 namespace slm::nvfp4 {
 
@@ -18,14 +19,6 @@ const std::string kMarker = ".nvfp4.";
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::ostringstream o;
-  o << "[";
-  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
-  o << "]";
-  return o.str();
 }
 
 std::string shape_csv(const std::vector<int64_t>& s) {

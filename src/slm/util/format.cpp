@@ -1,5 +1,7 @@
 #include "slm/util/format.h"
 
+#include <ATen/core/Tensor.h>
+
 #include <cmath>
 #include <cstdio>
 
@@ -25,5 +27,13 @@ std::string human_bytes(long long bytes) {
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
   return buf;
 }
+
+std::string shape_text(c10::ArrayRef<int64_t> shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string shape_text(const at::Tensor& t) { return t.defined() ? shape_text(t.sizes()) : "undefined"; }
 
 }  // namespace slm
