@@ -1,14 +1,23 @@
 // Weight-only NVFP4 GEMV for decode batches (M = 1..16 per launch) on sm_90: NVFP4 weights, BF16 activations,
-// FP32 accumulation. Hopper has no FP4 tensor cores, and at these batch sizes the product is bound by weight
-// bytes, so the kernel streams the 4.5-bit weights once with wide loads and does the arithmetic on CUDA cores.
+// FP32 accumulation. Hopper has no FP4 tensor cores and at these batch sizes the product is bound by weight bytes,
+// so the kernel streams the 4.5-bit weights once and keeps the decode cheap enough to hide under the loads: the
+// CUDA cores only turn codes into BF16 (about one integer op per weight), the BF16 tensor cores (mma.sync
+// m16n8k16, FP32 accumulators) do the multiply-adds for all M rows at once, so one decode serves the whole batch.
 //
-// One warp per output row n. Each lane loads VEC bytes of codes (VEC/8 blocks of 16 elements) per step, turns
-// every byte into a half2 with a bit trick and multiplies against the matching BF16 activations of all M rows.
+// Work split: a CTA owns 16 output rows (the mma's M dimension); its S warps split K. Lane (g, t) of a warp holds
+// rows g and g + 8 and, per step, one chunk of CB blocks (16 B of codes for CB = 2) of each, so a warp's load covers
+// 64 contiguous bytes of 8 rows. Each thread issues the loads of kUnroll steps before any math (enough bytes in
+// flight to cover HBM latency); the warps' partial sums meet in shared memory.
 //
-// Bit trick: an E2M1 code s e1 e0 m placed as FP16 bits s<<15 | e1 e0 m << 9 (exponent field e1 e0, top mantissa
-// bit m) is exactly the E2M1 value times 2^-14, subnormal codes included; the 2^14 is folded into the block scale.
+// Exactness: an E2M1 code s e1 e0 m placed as BF16 bits s<<15 | e1 e0 m << 6 is the E2M1 value times 2^-126
+// (subnormal codes included). Multiplying by the block scale times 2^118 (a BF16 from a 256-entry table) gives
+// value * scale * 2^-8 exactly: at most 6 significant bits, far inside BF16's range. The tensor cores multiply
+// BF16 pairs exactly and accumulate in FP32, like the reference up to the order of the additions.
+//
+// Order of k inside an mma: the k slots of a fragment may map to any physical k as long as A (weights) and B
+// (activations) agree. The decode pairs nibbles j and j + 4 of a 32-bit code word (cheapest to extract), so B pairs
+// activations k0 + j and k0 + j + 4 with one byte permute each.
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -20,102 +29,219 @@ namespace slm::nvfp4::cuda {
 
 namespace {
 
-constexpr int kWarps = 8;  // warps (output rows) per CTA
+constexpr int kUnroll = 4;  // steps whose loads a thread issues before decoding
 
-__device__ __forceinline__ float e4m3_to_float(uint8_t b) {
+__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
   const uint32_t exp = (b >> 3) & 0xF, man = b & 0x7;
-  // Block scales are non-negative and never NaN (validated on load).
-  if (exp == 0) return static_cast<float>(man) * 0.001953125f;
-  return __uint_as_float(((exp + 120u) << 23) | (man << 20));
+  const float mag =
+      exp == 0 ? static_cast<float>(man) * 0.001953125f : __uint_as_float(((exp + 120u) << 23) | (man << 20));
+  return (b & 0x80) ? -mag : mag;
 }
 
-// Two codes (one byte) -> two floats, times 2^-14.
-__device__ __forceinline__ float2 byte_to_float2(uint32_t b) {
-  const uint32_t bits = ((b & 0x7u) << 9) | ((b & 0x8u) << 12) | ((b & 0x70u) << 21) | ((b & 0x80u) << 24);
-  __half2 h;
-  static_assert(sizeof(h) == sizeof(bits));
-  memcpy(&h, &bits, sizeof bits);
-  return __half22float2(h);
+// One 32-bit word of codes (nibbles n0..n7, n_i = element k0 + i) -> o[j] = BF16x2 (n_j, n_{j+4}) * 2^-126.
+// Per output: mask one nibble per 16-bit half, one multiply that places the sign at bit 15 and the magnitude at
+// bits 6..8 (two shifted copies whose bits never overlap, so the sum is an OR), one mask of the target bits.
+__device__ __forceinline__ void decode_word(uint32_t w, uint32_t (&o)[4]) {
+  constexpr uint32_t kKeep = 0x81C081C0u;  // sign bit and e1 e0 m of each BF16 half
+  const uint32_t w2 = w >> 8;
+  o[0] = ((w & 0x000F000Fu) * 4160u) & kKeep;  // << 12 (sign) + << 6 (magnitude)
+  o[1] = ((w & 0x00F000F0u) * 260u) & kKeep;   // << 8 + << 2
+  o[2] = ((w2 & 0x000F000Fu) * 4160u) & kKeep;
+  o[3] = ((w2 & 0x00F000F0u) * 260u) & kKeep;
 }
 
-__device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
-__device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xFFFF0000u); }
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
 
-// One block of 16 codes (two 32-bit words) against 16 activations of each of the M rows.
-template <int M>
-__device__ __forceinline__ void block_fma(uint32_t w0, uint32_t w1, float scale, const __nv_bfloat16* __restrict__ x,
-                                          int64_t ldx, int64_t k0, float (&acc)[M]) {
-  float w[16];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    float2 a = byte_to_float2((w0 >> (8 * j)) & 0xFFu);
-    float2 c = byte_to_float2((w1 >> (8 * j)) & 0xFFu);
-    w[2 * j] = a.x;
-    w[2 * j + 1] = a.y;
-    w[8 + 2 * j] = c.x;
-    w[8 + 2 * j + 1] = c.y;
-  }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const uint4* xp = reinterpret_cast<const uint4*>(x + m * ldx + k0);
-    const uint4 v0 = __ldg(xp), v1 = __ldg(xp + 1);
-    const uint32_t xv[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
-    float d = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      d = fmaf(w[2 * i], bf16_lo(xv[i]), d);
-      d = fmaf(w[2 * i + 1], bf16_hi(xv[i]), d);
-    }
-    acc[m] = fmaf(scale, d, acc[m]);
+__device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Weights are read once: keep them out of L1 so the activations stay there.
+template <int CB>
+__device__ __forceinline__ void load_codes(const uint8_t* p, uint32_t (&v)[2 * CB]) {
+  if constexpr (CB == 2) {
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+        : "l"(p));
+  } else {
+    asm("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(v[0]), "=r"(v[1]) : "l"(p));
   }
 }
 
-template <int M, int VEC>
-__global__ void __launch_bounds__(kWarps * 32)
+template <int CB>
+__device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
+  if constexpr (CB == 2)
+    return __ldg(reinterpret_cast<const uint16_t*>(p));
+  else
+    return __ldg(p);
+}
+
+// One thread's share of kUnroll steps: codes and scale bytes of rows g and g + 8.
+template <int CB, int U>
+struct Batch {
+  uint32_t codes[U][2][2 * CB];
+  uint32_t scales[U][2];
+};
+
+// MT: n8 tiles of the batch (1 for M <= 8, 2 for M <= 16). CB: blocks per chunk (2: 16-byte loads, 1: 8-byte).
+// S: warps per CTA. XS: the activations are staged in shared memory, already in the mma's k order (when they fit).
+template <int CB, int MT, int S, bool XS, int U = kUnroll>
+__global__ void __launch_bounds__(S * 32)
     nvfp4_gemv_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
                       const float* __restrict__ tensor_scale, const __nv_bfloat16* __restrict__ x,
-                      float* __restrict__ y, int64_t N, int64_t blocks) {
-  constexpr int kBlocksPerLoad = VEC / 8;
-  const int lane = threadIdx.x & 31;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
-  if (n >= N) return;
-  const int64_t row_bytes = blocks * 8, ldx = blocks * 16;
-  const uint8_t* crow = codes + n * row_bytes;
-  const uint8_t* srow = scales + n * blocks;
-  float acc[M];
+                      float* __restrict__ y, int M, int64_t N, int64_t blocks) {
+  __shared__ uint32_t scale_lut[256];       // E4M3 byte -> BF16x2 (scale * 2^118, twice)
+  __shared__ float partial[S][16][8 * MT];  // [warp][row][batch]
+  extern __shared__ uint4 xs[];             // XS: [m][k / 8] BF16 pairs (k, k + 4) .. (k + 3, k + 7)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int64_t row_bytes = blocks * 8, ldx = blocks * 16, groups = blocks * 2, ldxs = groups + 1;
+  const int64_t chunks = blocks / CB, slabs = (chunks + 3) / 4;  // slab: the 4 chunks of one warp step
+  // Rows past N read row N - 1 (valid memory) and are never stored.
+  const uint8_t* crow[2];
+  const uint8_t* srow[2];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-#pragma unroll 4
-  for (int64_t b0 = static_cast<int64_t>(lane) * kBlocksPerLoad; b0 < blocks; b0 += 32 * kBlocksPerLoad) {
-    if constexpr (VEC == 16) {
-      const uint4 c = __ldg(reinterpret_cast<const uint4*>(crow + b0 * 8));
-      const uint16_t s2 = static_cast<uint16_t>(__ldg(srow + b0)) | (static_cast<uint16_t>(__ldg(srow + b0 + 1)) << 8);
-      block_fma<M>(c.x, c.y, e4m3_to_float(s2 & 0xFF) * 16384.0f, x, ldx, b0 * 16, acc);
-      block_fma<M>(c.z, c.w, e4m3_to_float(s2 >> 8) * 16384.0f, x, ldx, (b0 + 1) * 16, acc);
-    } else {
-      const uint2 c = __ldg(reinterpret_cast<const uint2*>(crow + b0 * 8));
-      block_fma<M>(c.x, c.y, e4m3_to_float(__ldg(srow + b0)) * 16384.0f, x, ldx, b0 * 16, acc);
+  for (int r = 0; r < 2; ++r) {
+    const int64_t row = min(n0 + g + 8 * r, N - 1);
+    crow[r] = codes + row * row_bytes + t * CB * 8;
+    srow[r] = scales + row * blocks + t * CB;
+  }
+  // Loads of one batch: chunk (slab s0 + u S) * 4 + t; a step of S slabs is S * 4 chunks.
+  auto load = [&](int64_t s0, Batch<CB, U>& bt) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t c0 = (s0 + u * S) * 4;
+      const bool valid = c0 + t < chunks;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        if (valid) {
+          load_codes<CB>(crow[r] + c0 * CB * 8, bt.codes[u][r]);
+          bt.scales[u][r] = load_scales<CB>(srow[r] + c0 * CB);
+        } else {
+#pragma unroll
+          for (int i = 0; i < 2 * CB; ++i) bt.codes[u][r][i] = 0;
+          bt.scales[u][r] = 0;
+        }
+      }
     }
+  };
+
+  // The first batch's weight loads go out before the shared-memory setup, so HBM starts working at once.
+  Batch<CB, U> bt;
+  if (warp < slabs) load(warp, bt);
+  for (int i = threadIdx.x; i < 256; i += S * 32) {
+    const __nv_bfloat16 sc = __float2bfloat16_rn(e4m3_to_float(i) * 0x1p118f);
+    const uint32_t bits = __bfloat16_as_ushort(sc);
+    scale_lut[i] = bits | (bits << 16);
   }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc[m] += __shfl_xor_sync(0xFFFFFFFFu, acc[m], off);
+  if constexpr (XS) {
+    for (int m = 0; m < M; ++m)
+      for (int64_t q = threadIdx.x; q < groups; q += S * 32) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + m * ldx + q * 8));
+        xs[m * ldxs + q] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                                      __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+      }
   }
+  __syncthreads();
+
+  float acc[MT][4] = {};
+  for (int64_t s0 = warp; s0 < slabs; s0 += U * S) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t slab = s0 + u * S;
+      if (slab >= slabs) break;  // warp-uniform
+      const int64_t c = slab * 4 + t;
+      const bool valid = c < chunks;
+#pragma unroll
+      for (int b = 0; b < CB; ++b) {
+        const uint32_t sc0 = scale_lut[(bt.scales[u][0] >> (8 * b)) & 0xFF];
+        const uint32_t sc1 = scale_lut[(bt.scales[u][1] >> (8 * b)) & 0xFF];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          uint32_t a0[4], a1[4];
+          decode_word(bt.codes[u][0][2 * b + h], a0);
+          decode_word(bt.codes[u][1][2 * b + h], a1);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            a0[j] = bf16x2_mul(a0[j], sc0);
+            a1[j] = bf16x2_mul(a1[j], sc1);
+          }
+          const int64_t q = (c * CB + b) * 2 + h;  // 8-element group of k
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            const int m = g + 8 * mt;
+            uint4 bv = make_uint4(0, 0, 0, 0);
+            if (valid && m < M) {
+              if constexpr (XS) {
+                bv = xs[m * ldxs + q];
+              } else {
+                // B pairs (k0 + j, k0 + j + 4), matching the decode.
+                const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + m * ldx + q * 8));
+                bv = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
+                                __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
+              }
+            }
+            mma_bf16(acc[mt], a0[0], a1[0], a0[1], a1[1], bv.x, bv.y);
+            mma_bf16(acc[mt], a0[2], a1[2], a0[3], a1[3], bv.z, bv.w);
+          }
+        }
+      }
+    }
+    if (s0 + U * S < slabs) load(s0 + U * S, bt);
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    partial[warp][g][8 * mt + 2 * t] = acc[mt][0];
+    partial[warp][g][8 * mt + 2 * t + 1] = acc[mt][1];
+    partial[warp][g + 8][8 * mt + 2 * t] = acc[mt][2];
+    partial[warp][g + 8][8 * mt + 2 * t + 1] = acc[mt][3];
+  }
+  __syncthreads();
   const float s_dec = __ldg(tensor_scale);
+  for (int i = threadIdx.x; i < 16 * M; i += S * 32) {
+    const int r = i & 15, m = i >> 4;
+    if (n0 + r >= N) continue;
+    float sum = 0.0f;
 #pragma unroll
-  for (int m = 0; m < M; ++m)
-    if (lane == m) y[m * N + n] = acc[m] * s_dec;
+    for (int w = 0; w < S; ++w) sum += partial[w][r][m];
+    y[m * N + n0 + r] = sum * 256.0f * s_dec;  // undo the 2^-8 folded into the BF16 weights
+  }
 }
 
-template <int M>
-void launch(bool vec16, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x, float* y,
-            int64_t N, int64_t blocks, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((N + kWarps - 1) / kWarps)), block(kWarps * 32);
-  if (vec16)
-    nvfp4_gemv_kernel<M, 16><<<grid, block, 0, stream>>>(codes, scales, ts, x, y, N, blocks);
-  else
-    nvfp4_gemv_kernel<M, 8><<<grid, block, 0, stream>>>(codes, scales, ts, x, y, N, blocks);
+template <int CB, int MT, int S>
+cudaError_t launch3(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
+                    float* y, int64_t N, int64_t blocks, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((N + 15) / 16)), block(S * 32);
+  // Staged activations share the default 48 KiB per block with the static arrays (no opt-in needed).
+  const size_t static_bytes = 256 * 4 + S * 16 * 8 * MT * 4;
+  const size_t staged = static_cast<size_t>(M) * (blocks * 2 + 1) * 16;
+  if (staged + static_bytes <= 48 * 1024) {
+    nvfp4_gemv_kernel<CB, MT, S, true><<<grid, block, staged, stream>>>(codes, scales, ts, x, y, M, N, blocks);
+  } else {
+    nvfp4_gemv_kernel<CB, MT, S, false><<<grid, block, 0, stream>>>(codes, scales, ts, x, y, M, N, blocks);
+  }
+  return cudaGetLastError();
+}
+
+template <int CB>
+cudaError_t launch(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
+                   float* y, int64_t N, int64_t blocks, cudaStream_t stream) {
+  // Enough warps per SM to keep HBM busy: a 16-warp K split when there are fewer row tiles than SMs (132 on H200).
+  const bool few_tiles = (N + 15) / 16 < 132;
+  if (M <= 8)
+    return few_tiles ? launch3<CB, 1, 16>(M, codes, scales, ts, x, y, N, blocks, stream)
+                     : launch3<CB, 1, 8>(M, codes, scales, ts, x, y, N, blocks, stream);
+  return few_tiles ? launch3<CB, 2, 16>(M, codes, scales, ts, x, y, N, blocks, stream)
+                   : launch3<CB, 2, 8>(M, codes, scales, ts, x, y, N, blocks, stream);
 }
 
 }  // namespace
@@ -125,27 +251,20 @@ std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tenso
   if (M <= 0 || N <= 0) return "";
   if (reinterpret_cast<uintptr_t>(codes) % 8 != 0) return "codes pointer is not 8-byte aligned";
   if (reinterpret_cast<uintptr_t>(x_in) % 16 != 0) return "activation pointer is not 16-byte aligned";
-  if (N > (int64_t{1} << 31) * kWarps) return "N too large";
-  const bool vec16 = (blocks % 2 == 0) && reinterpret_cast<uintptr_t>(codes) % 16 == 0;
+  if ((N + 15) / 16 > 0x7FFFFFFF) return "N too large";
+  const bool vec16 =
+      blocks % 2 == 0 && reinterpret_cast<uintptr_t>(codes) % 16 == 0 && reinterpret_cast<uintptr_t>(scales) % 2 == 0;
   auto stream = static_cast<cudaStream_t>(stream_in);
   const auto* x = static_cast<const __nv_bfloat16*>(x_in);
   const int64_t ldx = blocks * 16;
   for (int64_t m0 = 0; m0 < M; m0 += 16) {
-    const int64_t mc = M - m0 < 16 ? M - m0 : 16;
-    const __nv_bfloat16* xm = x + m0 * ldx;
-    float* ym = y + m0 * N;
-    switch (mc) {
-#define SLM_NVFP4_CASE(k) \
-  case k: launch<k>(vec16, codes, scales, tensor_scale, xm, ym, N, blocks, stream); break;
-      SLM_NVFP4_CASE(1) SLM_NVFP4_CASE(2) SLM_NVFP4_CASE(3) SLM_NVFP4_CASE(4) SLM_NVFP4_CASE(5) SLM_NVFP4_CASE(6)
-      SLM_NVFP4_CASE(7) SLM_NVFP4_CASE(8) SLM_NVFP4_CASE(9) SLM_NVFP4_CASE(10) SLM_NVFP4_CASE(11)
-      SLM_NVFP4_CASE(12) SLM_NVFP4_CASE(13) SLM_NVFP4_CASE(14) SLM_NVFP4_CASE(15) SLM_NVFP4_CASE(16)
-#undef SLM_NVFP4_CASE
-      default: return "bad batch size";
-    }
+    const int mc = static_cast<int>(M - m0 < 16 ? M - m0 : 16);
+    const cudaError_t err =
+        vec16 ? launch<2>(mc, codes, scales, tensor_scale, x + m0 * ldx, y + m0 * N, N, blocks, stream)
+              : launch<1>(mc, codes, scales, tensor_scale, x + m0 * ldx, y + m0 * N, N, blocks, stream);
+    if (err != cudaSuccess) return cudaGetErrorString(err);
   }
-  cudaError_t err = cudaGetLastError();
-  return err == cudaSuccess ? std::string() : std::string(cudaGetErrorString(err));
+  return "";
 }
 
 }  // namespace slm::nvfp4::cuda
