@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKAGES=(libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev libsentencepiece-dev libsentencepiece0
-  libtree-sitter-dev libtree-sitter0)
+  libtree-sitter-dev libtree-sitter0 libgloo-dev)
 mkdir -p .deps/debs .deps/root
 missing=()
 for p in "${PACKAGES[@]}"; do ls .deps/debs/"${p}"_*.deb >/dev/null 2>&1 || missing+=("$p"); done

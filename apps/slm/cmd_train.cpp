@@ -1,9 +1,11 @@
 // slm train | plot
 #include <csignal>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
 #include "commands.h"
+#include "slm/train/launch.h"
 #include "slm/train/plot.h"
 #include "slm/train/trainer.h"
 #include "slm/util/error.h"
@@ -29,6 +31,7 @@ struct TrainCli {
   std::vector<std::string> mix;              // domain=weight
   std::string schedule = "wsd";
   int threads = 0;
+  int nproc = 1;
 };
 
 // "key=value" with value parsed as JSON when it is JSON (numbers, true/false), else taken as a string.
@@ -41,6 +44,13 @@ std::pair<std::string, nlohmann::json> key_value(const std::string& kv, const st
 }
 
 void run_train(TrainCli& o, CLI::App* sub) {
+  if (o.nproc > 1) {
+    if (std::getenv("WORLD_SIZE") != nullptr) throw Error("--nproc inside a launched worker (WORLD_SIZE is set)");
+    std::cerr << "starting " << o.nproc << " data-parallel workers\n";
+    if (const int code = train::launch_workers(o.nproc, train::command_line_without_nproc()); code != 0)
+      throw CLI::RuntimeError(code);
+    return;
+  }
   if (o.threads > 0) torch::set_num_threads(o.threads);
   std::signal(SIGINT, on_stop_signal);
   std::signal(SIGTERM, on_stop_signal);
@@ -132,6 +142,15 @@ void add_train_command(CLI::App& app) {
   t->add_option("--max-minutes", c.max_minutes, "stop with a checkpoint after this much wall time (0: no limit)")
       ->capture_default_str();
   t->add_option("--threads", o->threads, "CPU threads (0: torch's default)")->capture_default_str();
+  t->add_option("--bucket-elements", c.bucket_elements,
+                "data-parallel gradient bucket size in float32 elements (communication overlaps the backward)")
+      ->capture_default_str();
+  t->add_option("--nproc", o->nproc,
+                "data-parallel worker processes on this machine, one per GPU with --device cuda (NCCL) or CPU "
+                "processes (gloo); --batch is the global batch and must divide by it. An external launcher may set "
+                "RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT instead")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   t->callback([o, t] { run_train(*o, t); });
 
   auto dir = std::make_shared<std::string>();

@@ -269,8 +269,12 @@ void Optimizer::step(double lr_multiplier, const MuonShard& shard) {
                 std::to_string(shard.world_size));
   // Per Muon parameter, the matrix indices this rank owns.
   std::vector<std::vector<int64_t>> owned(params_.size());
-  const std::vector<int> owners =
-      shard.world_size > 1 ? assign_muon_owners(matrices_, shard.world_size) : std::vector<int>(matrices_.size(), 0);
+  if (!shard.owners.empty() && shard.owners.size() != matrices_.size())
+    throw Error("optimizer: Muon shard names owners of " + std::to_string(shard.owners.size()) + " matrices, the model has " +
+                std::to_string(matrices_.size()));
+  const std::vector<int> owners = !shard.owners.empty() ? shard.owners
+                                  : shard.world_size > 1 ? assign_muon_owners(matrices_, shard.world_size)
+                                                         : std::vector<int>(matrices_.size(), 0);
   for (size_t i = 0; i < matrices_.size(); ++i)
     if (owners[i] == shard.rank) owned[matrices_[i].param].push_back(matrices_[i].index);
 

@@ -111,6 +111,9 @@ struct ParamGroup {
 struct MuonShard {
   int rank = 0;
   int world_size = 1;
+  // Owner rank of each of muon_matrices(); empty: assign_muon_owners(muon_matrices(), world_size). Data-parallel
+  // training (distributed.h) passes its own, balanced within each communication bucket.
+  std::vector<int> owners;
 };
 
 class Optimizer {
@@ -136,6 +139,10 @@ class Optimizer {
   const std::vector<ParamGroup>& groups() const { return groups_; }
   const std::string& param_name(size_t i) const { return params_[i].name; }
   size_t num_params() const { return params_.size(); }
+  // The live parameter tensor, its group's algorithm and (Muon only) its momentum buffer.
+  const torch::Tensor& param(size_t i) const { return params_[i].value; }
+  Algorithm param_algorithm(size_t i) const { return groups_[params_[i].group].algorithm; }
+  const torch::Tensor& muon_momentum_buffer(size_t i) const { return params_[i].momentum; }
   // Every Muon matrix in a fixed order (model parameter order, then expert), for assign_muon_owners.
   const std::vector<MuonMatrix>& muon_matrices() const { return matrices_; }
 

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #ifdef SLM_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -25,6 +26,7 @@
 #include "slm/model/weights.h"
 #include "slm/recipe/recipe.h"
 #include "slm/train/checkpoint.h"
+#include "slm/train/distributed.h"
 #include "slm/train/flops.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
@@ -107,12 +109,19 @@ double peak_flops_for(const std::string& device_name) {
   return 0;
 }
 
-std::string cuda_device_name() {
+std::string cuda_device_name(int index) {
 #ifdef SLM_WITH_CUDA
   cudaDeviceProp p;
-  if (cudaGetDeviceProperties(&p, 0) == cudaSuccess) return p.name;
+  if (cudaGetDeviceProperties(&p, index) == cudaSuccess) return p.name;
 #endif
+  (void)index;
   return "";
+}
+
+// Where the lines of ranks other than 0 go.
+std::ostream& null_stream() {
+  static std::ostream s(nullptr);
+  return s;
 }
 
 }  // namespace
@@ -145,6 +154,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"device", device},
           {"peak_tflops", peak_tflops},
           {"max_minutes", max_minutes},
+          {"bucket_elements", bucket_elements},
           {"optim", optim.to_json()}};
 }
 
@@ -175,6 +185,7 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
     c.device = j.at("device").get<std::string>();
     c.peak_tflops = j.at("peak_tflops").get<double>();
     c.max_minutes = j.at("max_minutes").get<double>();
+    c.bucket_elements = j.value("bucket_elements", c.bucket_elements);
     c.optim = OptimizerConfig::from_json(j.at("optim"));
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training configuration: ") + e.what());
@@ -199,6 +210,8 @@ struct Trainer::State {
   double flops_per_token = 0, peak_flops = 0;
   std::ofstream metrics;
   std::string last_checkpoint;
+  DistEnv dist_env;
+  std::unique_ptr<DataParallel> dist;  // world size > 1 only; declared last so its hooks go before the model
 };
 
 namespace {
@@ -216,6 +229,7 @@ void validate(const TrainConfig& c) {
   if (c.out.empty()) throw Error("--out (the run directory) is required");
   if (c.device != "cpu" && c.device != "cuda") throw Error("--device must be cpu or cuda (got '" + c.device + "')");
   if (c.device == "cuda" && !torch::cuda::is_available()) throw Error("--device cuda: no CUDA device is available");
+  if (c.bucket_elements < 1) throw Error("--bucket-elements must be >= 1");
   for (const auto& [d, w] : c.mix)
     if (!(w > 0)) throw Error("--mix " + d + "=" + std::to_string(w) + ": weights must be > 0");
   c.lr.validate("--lr-schedule");
@@ -226,7 +240,22 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
   auto s = std::make_unique<Trainer::State>();
   s->recipe_text = recipe_text;
   s->recipe = parse_recipe_text(recipe_text, cfg.recipe);
-  s->device = cfg.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  s->dist_env = DistEnv::from_environment();
+  const int world = s->dist_env.world_size;
+  if (cfg.batch % world != 0)
+    throw Error("--batch " + std::to_string(cfg.batch) + " is the global batch: it must divide by the " +
+                std::to_string(world) + " workers");
+  s->device = torch::Device(torch::kCPU);
+  if (cfg.device == "cuda") {
+    const int gpu = s->dist_env.local_rank;
+    if (gpu >= static_cast<int>(torch::cuda::device_count()))
+      throw Error("worker " + std::to_string(s->dist_env.rank) + " wants GPU " + std::to_string(gpu) + ", but " +
+                  std::to_string(torch::cuda::device_count()) + " are visible");
+    s->device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(gpu));
+#ifdef SLM_WITH_CUDA
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(gpu));  // kernels and allocations without an index go there
+#endif
+  }
   s->seq_len = cfg.seq_len > 0 ? cfg.seq_len : s->recipe.seq_len;
   if (s->seq_len < 2) throw Error("sequence length must be >= 2 (recipe seq_len or --seq-len)");
 
@@ -276,12 +305,19 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
   if (cfg.dsa_warmup_steps > 0 && std::none_of(layers.begin(), layers.end(), [](const LayerPlan& l) { return l.dsa; }))
     throw Error("--dsa-warmup-steps: recipe " + cfg.recipe + " has no DSA layers");
   s->optimizer = std::make_unique<Optimizer>(*s->model, cfg.optim);
+  if (world > 1) {
+    s->dist = std::make_unique<DataParallel>(s->dist_env, s->device, *s->optimizer, cfg.bucket_elements);
+    std::vector<torch::Tensor> all = s->model->parameters();
+    for (const auto& b : s->model->buffers()) all.push_back(b);
+    s->dist->broadcast(all);  // one starting point, whatever each device's initialisation did
+  }
 
   auto plan = make_plan(s->recipe);
   s->flops_per_token = flops_per_token(s->recipe, plan, s->seq_len).total();
   if (s->device.is_cuda()) {
     s->peak_flops = cfg.peak_tflops > 0 ? cfg.peak_tflops * 1e12 : 0;
-    if (s->peak_flops == 0) s->peak_flops = peak_flops_for(cuda_device_name());
+    if (s->peak_flops == 0) s->peak_flops = peak_flops_for(cuda_device_name(s->device.index()));
+    s->peak_flops *= world;  // tokens/s counts every worker
   }
   return s;
 }
@@ -289,7 +325,7 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
 }  // namespace
 
 Trainer::Trainer(std::unique_ptr<State> s, TrainConfig cfg, std::ostream& log)
-    : s_(std::move(s)), cfg_(std::move(cfg)), log_(&log) {
+    : s_(std::move(s)), cfg_(std::move(cfg)), log_(s_->dist_env.rank == 0 ? &log : &null_stream()) {
   const int64_t tokens_per_step = cfg_.batch * cfg_.accum * s_->seq_len;
   total_steps_ = cfg_.steps > 0 ? cfg_.steps : (cfg_.token_budget + tokens_per_step - 1) / tokens_per_step;
 }
@@ -299,6 +335,7 @@ Trainer::Trainer(TrainConfig config, std::ostream& log)
   if (!latest_checkpoint(cfg_.out).empty())
     throw Error(cfg_.out + " already holds a checkpoint: continue it with --resume " + cfg_.out +
                 " or choose another --out");
+  if (s_->dist_env.rank != 0) return;  // rank 0 owns the run directory
   ::mkdir(cfg_.out.c_str(), 0755);
   if (!is_dir(cfg_.out)) throw Error(cfg_.out + ": cannot create the run directory");
   s_->metrics.open(cfg_.out + "/metrics.jsonl", std::ios::trunc);
@@ -354,6 +391,7 @@ Trainer Trainer::resume(const std::string& dir, const nlohmann::json& overrides,
 
   Trainer t(std::move(s), cfg, log);
   t.step_ = ck.meta.at("step").get<int64_t>();
+  if (t.s_->dist_env.rank != 0) return t;
   // Lines logged after the checkpoint (a run killed between checkpoints) are replaced by the resumed run's.
   const std::string metrics_path = dir + "/metrics.jsonl";
   std::string kept;
@@ -375,6 +413,10 @@ Trainer::~Trainer() = default;
 Trainer::Trainer(Trainer&&) noexcept = default;
 
 std::string Trainer::save() {
+  if (s_->dist) {
+    s_->dist->gather_muon_momentum();  // each rank holds the momentum of its own matrices only
+    if (s_->dist->rank() != 0) return "";
+  }
   CheckpointData ck;
   ck.model = model::named_state(*s_->model);
   for (auto& [name, t] : s_->optimizer->state_tensors()) ck.optimizer.emplace(name, t);
@@ -470,9 +512,14 @@ int64_t Trainer::run(const std::atomic<bool>* stop, int64_t until) {
     *log_ << line.str() << "\n";
   };
 
+  DataParallel* dist = s_->dist.get();
+  const int64_t rows = cfg_.batch / (dist ? dist->world_size() : 1);  // this rank's slice of the global batch
+  const int64_t row0 = dist ? dist->rank() * rows : 0;
   while (step_ < total_steps_) {
     const bool out_of_time = cfg_.max_minutes > 0 && now_s(t_run) > 60 * cfg_.max_minutes;
-    if ((stop && stop->load()) || step_ == until || out_of_time) {
+    bool halt = (stop && stop->load()) || step_ == until || out_of_time;
+    if (dist) halt = dist->any(halt);  // every rank stops at the same step
+    if (halt) {
       if (tty) *log_ << "\n";
       *log_ << "stopping at step " << step_ << ": saved " << save() << "\n";
       return step_ - start_step;
@@ -484,9 +531,10 @@ int64_t Trainer::run(const std::atomic<bool>* stop, int64_t until) {
     opt.zero_grad();
     double loss = 0;
     for (int64_t a = 0; a < cfg_.accum; ++a) {
-      auto batch = s_->loader->next();
-      auto x = batch.tokens.narrow(1, 0, s_->seq_len).to(s_->device);
-      auto y = batch.tokens.narrow(1, 1, s_->seq_len).to(s_->device);
+      // Every rank reads the whole global batch (the same loader state everywhere) and trains on its rows.
+      auto tokens = s_->loader->next().tokens.narrow(0, row0, rows);
+      auto x = tokens.narrow(1, 0, s_->seq_len).to(s_->device);
+      auto y = tokens.narrow(1, 1, s_->seq_len).to(s_->device);
       torch::Tensor total, main;
       if (s_->device.is_cuda()) {
         // BF16 compute, FP32 master weights and optimizer state.
@@ -502,27 +550,42 @@ int64_t Trainer::run(const std::atomic<bool>* stop, int64_t until) {
         total = out.total;
         main = out.main;
       }
+      if (dist && a == cfg_.accum - 1) dist->arm();  // the last backward launches the gradient reductions
       (total / static_cast<double>(cfg_.accum)).backward();
       loss += main.item<double>() / static_cast<double>(cfg_.accum);
     }
     double gnorm = 0;
     {
       torch::NoGradGuard no_grad;
-      auto sq = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s_->device));
-      for (auto& p : params)
-        if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
-      gnorm = std::sqrt(sq.item<double>());
+      if (dist) {
+        const auto r = dist->finish(loss);
+        loss = r.loss;
+        gnorm = std::sqrt(r.grad_sq);
+      } else {
+        auto sq = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s_->device));
+        for (auto& p : params)
+          if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
+        gnorm = std::sqrt(sq.item<double>());
+      }
       if (cfg_.grad_clip > 0 && std::isfinite(gnorm) && gnorm > cfg_.grad_clip)
         for (auto& p : params)
           if (p.grad().defined()) p.grad().mul_(cfg_.grad_clip / (gnorm + 1e-6));
     }
     const bool finite = std::isfinite(loss) && std::isfinite(gnorm);
     if (finite) {
-      opt.step(mult);
-      if (warmup)  // only the indexers learn in the DSA warm-up, the balance included
+      if (dist) {
+        opt.step(mult, dist->shard());
+        dist->gather_muon_weights();
+      } else {
+        opt.step(mult);
+      }
+      if (warmup) {  // only the indexers learn in the DSA warm-up, the balance included
         for (auto* moe : m.moe_modules()) moe->pending_load().zero_();
-      else
+      } else {
+        if (dist)  // the bias moves by the expert loads of the whole global batch
+          for (auto* moe : m.moe_modules()) dist->all_reduce_sum(moe->pending_load());
         m.update_balancing_biases();
+      }
       bad = 0;
     } else {
       opt.zero_grad();
@@ -566,7 +629,7 @@ int64_t Trainer::run(const std::atomic<bool>* stop, int64_t until) {
     if (tty) *log_ << "\r\033[K" << line << std::flush;
     else if (step_ % print_every == 0 || step_ == total_steps_) *log_ << line << "\n";
     const bool last = step_ == total_steps_;
-    if ((cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) || last) log_eval();
+    if (((cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) || last) && (!dist || dist->rank() == 0)) log_eval();
     if ((cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0) || last) {
       auto dir = save();
       if (tty) *log_ << "\r\033[K";

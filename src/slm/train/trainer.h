@@ -42,6 +42,7 @@ struct TrainConfig {
   std::string device = "cpu";             // cpu | cuda
   double peak_tflops = 0;                 // device peak for MFU (0: from the device name on CUDA)
   double max_minutes = 0;                 // stop (with a checkpoint) after this much wall time in one run (0: no limit)
+  int64_t bucket_elements = int64_t{1} << 23;  // data-parallel gradient bucket (float32 elements; distributed.h)
   OptimizerConfig optim;
 
   nlohmann::json to_json() const;

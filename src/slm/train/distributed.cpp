@@ -1,0 +1,393 @@
+#include "slm/train/distributed.h"
+
+// libtorch is built with gloo (and NCCL in its CUDA builds), but its headers declare those classes only under
+// these macros; gloo's own headers come from Debian's libgloo-dev (only pointers to gloo types cross the API).
+#ifndef USE_C10D_GLOO
+#define USE_C10D_GLOO
+#endif
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef SLM_WITH_CUDA
+#ifndef USE_C10D_NCCL
+#define USE_C10D_NCCL
+#endif
+#include <c10/cuda/CUDAFunctions.h>
+
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+#include <map>
+#include <mutex>
+
+#include "slm/train/muon.h"
+#include "slm/util/error.h"
+
+namespace slm::train {
+
+namespace {
+
+int env_int(const char* name, int fallback, int min_value) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (*end != '\0' || x < min_value || x > (1 << 30))
+    throw Error(std::string("environment variable ") + name + "=" + v +
+                ": expected an integer >= " + std::to_string(min_value));
+  return static_cast<int>(x);
+}
+
+// A bucket: whole parameters of one algorithm, contiguous in reverse parameter order.
+struct Bucket {
+  bool muon = false;
+  std::vector<size_t> params;   // optimizer parameter indices
+  std::vector<int64_t> offset;  // AdamW: offset of params[i] in flat
+  struct Matrix {
+    size_t param;
+    int64_t index, numel;
+    int owner;
+    int64_t offset;  // within the owner's chunk
+  };
+  std::vector<Matrix> matrices;  // Muon
+  int64_t elements = 0;          // AdamW: flat's size; Muon: one rank's chunk (flat holds world chunks)
+  torch::Tensor flat, chunk;
+  size_t pending = 0;
+  bool launched = false;
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+torch::Tensor matrix_view(const torch::Tensor& t, int64_t index, int64_t numel) {
+  return t.reshape({-1, numel})[index];
+}
+
+}  // namespace
+
+DistEnv DistEnv::from_environment() {
+  DistEnv e;
+  e.world_size = env_int("WORLD_SIZE", 1, 1);
+  if (e.world_size == 1) return e;
+  if (std::getenv("RANK") == nullptr)
+    throw Error("WORLD_SIZE is set but RANK is not (launch with slm train --nproc N)");
+  e.rank = env_int("RANK", 0, 0);
+  if (e.rank >= e.world_size)
+    throw Error("RANK=" + std::to_string(e.rank) + " is not below WORLD_SIZE=" + std::to_string(e.world_size));
+  e.local_rank = env_int("LOCAL_RANK", e.rank, 0);
+  if (const char* a = std::getenv("MASTER_ADDR"); a != nullptr && *a != '\0') e.master_addr = a;
+  e.master_port = env_int("MASTER_PORT", 29500, 1);
+  return e;
+}
+
+struct DataParallel::Impl {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Backend> pg;
+  Optimizer* opt = nullptr;
+  torch::Device device{torch::kCPU};
+  int rank = 0, world = 1;
+  std::vector<Bucket> buckets;
+  std::vector<size_t> bucket_of;  // per parameter
+  std::vector<char> got;          // per parameter: its gradient arrived in this backward
+  std::vector<unsigned> hooks;    // hook handles, per parameter
+  size_t next_launch = 0;
+  bool armed = false;
+  std::mutex mu;
+
+  // The gradient of parameter i (plus what earlier micro-batches accumulated) into its bucket's send buffer.
+  void pack(size_t i, const torch::Tensor& g) {
+    const torch::Tensor& p = opt->param(i);
+    torch::Tensor value = g.defined() ? g : torch::Tensor();
+    if (p.grad().defined()) value = value.defined() ? value + p.grad() : p.grad();
+    Bucket& b = buckets[bucket_of[i]];
+    if (!b.muon) {
+      const auto k = static_cast<size_t>(std::find(b.params.begin(), b.params.end(), i) - b.params.begin());
+      auto dst = b.flat.narrow(0, b.offset[k], p.numel());
+      if (value.defined())
+        dst.copy_(value.reshape({-1}));
+      else
+        dst.zero_();
+      return;
+    }
+    for (const auto& m : b.matrices) {
+      if (m.param != i) continue;
+      auto dst = b.flat.narrow(0, m.owner * b.elements + m.offset, m.numel);
+      if (value.defined())
+        dst.copy_(matrix_view(value, m.index, m.numel));
+      else
+        dst.zero_();
+    }
+  }
+
+  void launch(Bucket& b) {
+    if (b.muon) {
+      b.work = pg->_reduce_scatter_base(b.chunk, b.flat);
+    } else {
+      std::vector<at::Tensor> v{b.flat};
+      b.work = pg->allreduce(v);
+    }
+    b.launched = true;
+  }
+
+  // Buckets go out strictly in order, so every rank issues the same sequence of collectives.
+  void launch_ready() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(buckets[next_launch++]);
+  }
+
+  void on_grad(size_t i, const torch::Tensor& g) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!armed || got[i]) return;
+    torch::NoGradGuard no_grad;
+    pack(i, g);
+    got[i] = 1;
+    --buckets[bucket_of[i]].pending;
+    launch_ready();
+  }
+
+  void gather(const std::function<torch::Tensor(size_t)>& source) {
+    torch::NoGradGuard no_grad;
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (auto& b : buckets) {
+      if (!b.muon) continue;
+      for (const auto& m : b.matrices)
+        if (m.owner == rank) b.chunk.narrow(0, m.offset, m.numel).copy_(matrix_view(source(m.param), m.index, m.numel));
+      works.push_back(pg->_allgather_base(b.flat, b.chunk));
+    }
+    size_t w = 0;
+    for (auto& b : buckets) {
+      if (!b.muon) continue;
+      works[w++]->wait();
+      for (const auto& m : b.matrices)
+        if (m.owner != rank)
+          source(m.param).reshape({-1, m.numel})[m.index].copy_(
+              b.flat.narrow(0, m.owner * b.elements + m.offset, m.numel));
+    }
+  }
+};
+
+DataParallel::DataParallel(const DistEnv& env, torch::Device device, Optimizer& optimizer, int64_t bucket_elements)
+    : impl_(std::make_unique<Impl>()), rank_(env.rank), world_(env.world_size) {
+  if (world_ < 2) throw Error("data-parallel training needs WORLD_SIZE >= 2");
+  auto& s = *impl_;
+  s.opt = &optimizer;
+  s.device = device;
+  s.rank = rank_;
+  s.world = world_;
+
+  c10d::TCPStoreOptions so;
+  so.port = static_cast<uint16_t>(env.master_port);
+  so.isServer = rank_ == 0;
+  so.numWorkers = world_;
+  so.waitWorkers = true;
+  so.timeout = std::chrono::seconds(300);
+  try {
+    s.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
+    if (device.is_cuda()) {
+#ifdef SLM_WITH_CUDA
+      s.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(s.store, rank_, world_,
+                                                         c10d::ProcessGroupNCCL::Options::create());
+#else
+      throw Error("this build has no CUDA (configure with SLM_CUDA=ON for NCCL)");
+#endif
+    } else {
+      auto opts = c10d::ProcessGroupGloo::Options::create();
+      const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
+      const bool local = env.master_addr == "127.0.0.1" || env.master_addr == "localhost";
+      opts->devices.push_back(ifname != nullptr && *ifname != '\0'
+                                  ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
+                              : local ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                      : c10d::ProcessGroupGloo::createDefaultDevice());
+      s.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(s.store, rank_, world_, opts);
+    }
+  } catch (const c10::Error& e) {
+    throw Error("rendezvous at " + env.master_addr + ":" + std::to_string(env.master_port) + " as rank " +
+                std::to_string(rank_) + " of " + std::to_string(world_) + " failed: " + e.what_without_backtrace());
+  }
+
+  // Buckets: walk the parameters backwards in segments of about bucket_elements; each segment gives one Muon and
+  // one AdamW bucket, so no bucket waits for gradients from far away in the backward.
+  const size_t n = optimizer.num_params();
+  std::map<size_t, size_t> first_matrix;  // parameter -> index of its first matrix in muon_matrices()
+  const auto& mats = optimizer.muon_matrices();
+  for (size_t k = mats.size(); k-- > 0;) first_matrix[mats[k].param] = k;
+  shard_.rank = rank_;
+  shard_.world_size = world_;
+  shard_.owners.assign(mats.size(), 0);
+  s.bucket_of.assign(n, 0);
+  std::vector<size_t> seg_muon, seg_adam;
+  int64_t seg_elements = 0;
+  auto close_segment = [&] {
+    if (!seg_muon.empty()) {
+      Bucket b;
+      b.muon = true;
+      b.params = seg_muon;
+      std::vector<MuonMatrix> sub;
+      for (size_t i : seg_muon) {
+        const size_t f = first_matrix.at(i);
+        for (size_t k = f; k < mats.size() && mats[k].param == i; ++k) sub.push_back(mats[k]);
+      }
+      const auto owners = assign_muon_owners(sub, world_);
+      std::vector<int64_t> fill(static_cast<size_t>(world_), 0);
+      for (size_t k = 0; k < sub.size(); ++k) {
+        const int64_t numel = sub[k].rows * sub[k].cols;
+        b.matrices.push_back({sub[k].param, sub[k].index, numel, owners[k], fill[static_cast<size_t>(owners[k])]});
+        fill[static_cast<size_t>(owners[k])] += numel;
+        shard_.owners[first_matrix.at(sub[k].param) + static_cast<size_t>(sub[k].index)] = owners[k];
+      }
+      b.elements = std::max<int64_t>(1, *std::max_element(fill.begin(), fill.end()));
+      s.buckets.push_back(std::move(b));
+    }
+    if (!seg_adam.empty()) {
+      Bucket b;
+      b.params = seg_adam;
+      for (size_t i : seg_adam) {
+        b.offset.push_back(b.elements);
+        b.elements += optimizer.param(i).numel();
+      }
+      s.buckets.push_back(std::move(b));
+    }
+    seg_muon.clear();
+    seg_adam.clear();
+    seg_elements = 0;
+  };
+  for (size_t i = n; i-- > 0;) {
+    (optimizer.param_algorithm(i) == Algorithm::Muon ? seg_muon : seg_adam).push_back(i);
+    seg_elements += optimizer.param(i).numel();
+    if (seg_elements >= bucket_elements) close_segment();
+  }
+  close_segment();
+  const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  for (size_t k = 0; k < s.buckets.size(); ++k) {
+    auto& b = s.buckets[k];
+    for (size_t i : b.params) s.bucket_of[i] = k;
+    b.flat = torch::zeros({b.muon ? b.elements * world_ : b.elements}, f32);
+    if (b.muon) b.chunk = torch::zeros({b.elements}, f32);
+  }
+  s.got.assign(n, 0);
+  Impl* self = impl_.get();
+  for (size_t i = 0; i < n; ++i) {
+    torch::Tensor p = optimizer.param(i);
+    s.hooks.push_back(p.register_hook([self, i](const torch::Tensor& g) { self->on_grad(i, g); }));
+  }
+}
+
+DataParallel::~DataParallel() {
+  if (!impl_) return;
+  for (size_t i = 0; i < impl_->hooks.size(); ++i) {
+    torch::Tensor p = impl_->opt->param(i);
+    p.remove_hook(impl_->hooks[i]);
+  }
+  if (impl_->pg) impl_->pg->shutdown();
+}
+
+void DataParallel::broadcast(const std::vector<torch::Tensor>& tensors) {
+  torch::NoGradGuard no_grad;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (const auto& t : tensors) {
+    std::vector<at::Tensor> v{t};
+    works.push_back(impl_->pg->broadcast(v));
+  }
+  for (auto& w : works) w->wait();
+}
+
+void DataParallel::arm() {
+  auto& s = *impl_;
+  std::lock_guard<std::mutex> lock(s.mu);
+  for (auto& b : s.buckets) {
+    b.pending = b.params.size();
+    b.launched = false;
+  }
+  std::fill(s.got.begin(), s.got.end(), 0);
+  s.next_launch = 0;
+  s.armed = true;
+}
+
+DataParallel::Reduced DataParallel::finish(double local_loss) {
+  auto& s = *impl_;
+  torch::NoGradGuard no_grad;
+  const size_t n = s.opt->num_params();
+  // Which parameters had a gradient here, and the loss: one small all-reduce beside the buckets.
+  auto info = torch::zeros({static_cast<int64_t>(n) + 1}, torch::kDouble);
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (!s.armed) throw Error("DataParallel::finish without arm()");
+    auto a = info.accessor<double, 1>();
+    for (size_t i = 0; i < n; ++i) a[static_cast<int64_t>(i)] = (s.got[i] || s.opt->param(i).grad().defined()) ? 1 : 0;
+    a[static_cast<int64_t>(n)] = local_loss;
+    // Parameters whose hook did not fire (no gradient in this backward) still take part, with what they have.
+    for (size_t i = 0; i < n; ++i)
+      if (!s.got[i]) {
+        s.pack(i, torch::Tensor());
+        s.got[i] = 1;
+        --s.buckets[s.bucket_of[i]].pending;
+      }
+    s.launch_ready();
+    s.armed = false;
+  }
+  info = info.to(s.device);
+  {
+    std::vector<at::Tensor> v{info};
+    s.pg->allreduce(v)->wait();
+  }
+  for (auto& b : s.buckets) b.work->wait();
+  info = info.cpu();
+  auto a = info.accessor<double, 1>();
+  const double inv = 1.0 / world_;
+
+  auto sq_owned = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
+  auto sq_shared = sq_owned.clone();
+  for (auto& b : s.buckets) {
+    if (!b.muon) {
+      for (size_t k = 0; k < b.params.size(); ++k) {
+        const size_t i = b.params[k];
+        torch::Tensor p = s.opt->param(i);
+        if (a[static_cast<int64_t>(i)] == 0) {
+          p.mutable_grad() = torch::Tensor();
+          continue;
+        }
+        p.mutable_grad() = b.flat.narrow(0, b.offset[k], p.numel()).view(p.sizes()).mul(inv);
+        sq_shared += p.grad().to(torch::kDouble).pow(2).sum();
+      }
+      continue;
+    }
+    for (size_t i : b.params) {
+      torch::Tensor p = s.opt->param(i);
+      if (a[static_cast<int64_t>(i)] == 0)
+        p.mutable_grad() = torch::Tensor();
+      else if (!p.grad().defined())
+        p.mutable_grad() = torch::zeros_like(p);
+    }
+    for (const auto& m : b.matrices) {
+      if (m.owner != rank_ || a[static_cast<int64_t>(m.param)] == 0) continue;
+      auto dst = s.opt->param(m.param).grad().reshape({-1, m.numel})[m.index];
+      dst.copy_(b.chunk.narrow(0, m.offset, m.numel)).mul_(inv);
+      sq_owned += dst.to(torch::kDouble).pow(2).sum();
+    }
+  }
+  // AdamW gradients are the same on every rank: each contributes 1/world of their square.
+  auto sq = (sq_owned + sq_shared * inv).reshape({1});
+  {
+    std::vector<at::Tensor> v{sq};
+    s.pg->allreduce(v)->wait();
+  }
+  return {a[static_cast<int64_t>(n)] * inv, sq.item<double>()};
+}
+
+void DataParallel::gather_muon_weights() {
+  impl_->gather([this](size_t i) { return impl_->opt->param(i); });
+}
+
+void DataParallel::gather_muon_momentum() {
+  impl_->gather([this](size_t i) { return impl_->opt->muon_momentum_buffer(i); });
+}
+
+void DataParallel::all_reduce_sum(torch::Tensor& t) {
+  std::vector<at::Tensor> v{t};
+  impl_->pg->allreduce(v)->wait();
+}
+
+bool DataParallel::any(bool flag) {
+  auto t = torch::full({1}, flag ? 1.0f : 0.0f, torch::TensorOptions().device(impl_->device));
+  all_reduce_sum(t);
+  return t.item<float>() > 0;
+}
+
+}  // namespace slm::train

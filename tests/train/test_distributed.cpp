@@ -1,0 +1,142 @@
+// Data-parallel training: two gloo worker processes started by `slm train --nproc 2` train the same model as one
+// process on the same global batch (losses, weights and Muon momentum equal within float tolerance), with buckets
+// small enough that Muon matrices of one parameter land on different owners.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "slm/train/checkpoint.h"
+#include "slm/train/distributed.h"
+#include "slm/util/error.h"
+#include "test_util.h"
+#include "train/train_test_util.h"
+
+namespace slm::test {
+namespace {
+
+struct DataParallelCli : ::testing::Test {
+  void SetUp() override {
+    dir = fresh_dir("ddp");
+    data = dir + "/shards";
+    ::mkdir(data.c_str(), 0755);
+    write_counting_shards(data, "count", 48, 64, 11);
+    recipe = write_recipe(dir, micro_hybrid_json());
+  }
+  // float32 Newton-Schulz: the comparison is about the data-parallel plumbing, and bf16 rounding of two slightly
+  // different (summation-order) gradients would blur it.
+  std::string args(const std::string& out, const std::string& extra = "") {
+    return "train --recipe " + recipe + " --data " + data + " --out " + out +
+           " --steps 8 --batch 4 --seq-len 24 --seed 7 --warmup 2 --eval-every 0 --checkpoint-every 0 --threads 1"
+           " --optim ns_dtype=float32 --tokenizer none " +
+           extra;
+  }
+  std::string dir, data, recipe;
+};
+
+double max_rel_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max() / (b.to(torch::kDouble).abs().max() + 1e-12))
+      .item<double>();
+}
+
+TEST_F(DataParallelCli, TwoGlooProcessesMatchOneProcessOnTheSameGlobalBatch) {
+  const std::string one = dir + "/one", two = dir + "/two";
+  auto r1 = run_slm(args(one));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  // 3000-element buckets: many buckets, each stacked expert tensor split between the two owners.
+  auto r2 = run_slm(args(two, "--nproc 2 --bucket-elements 3000"));
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  EXPECT_NE(r2.out.find("starting 2 data-parallel workers"), std::string::npos) << r2.out;
+
+  auto l1 = train_losses(one), l2 = train_losses(two);
+  ASSERT_EQ(l1.size(), 8u);
+  ASSERT_EQ(l2.size(), 8u) << "rank 0 alone writes metrics.jsonl, once per step";
+  for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 1e-4 * std::abs(loss)) << "step " << step;
+  EXPECT_LT(l1.at(8), l1.at(1));  // it trained
+
+  auto c1 = train::load_checkpoint(one), c2 = train::load_checkpoint(two);
+  ASSERT_EQ(c1.model.size(), c2.model.size());
+  for (const auto& [name, t] : c1.model) {
+    ASSERT_TRUE(c2.model.count(name)) << name;
+    EXPECT_LT(max_rel_diff(c2.model.at(name), t), 1e-4) << name;
+  }
+  // The checkpoint holds every Muon matrix's momentum, gathered from the owners.
+  int momenta = 0;
+  for (const auto& [name, t] : c1.optimizer) {
+    if (name.rfind("muon.momentum/", 0) != 0) continue;
+    ++momenta;
+    ASSERT_TRUE(c2.optimizer.count(name)) << name;
+    EXPECT_LT(max_rel_diff(c2.optimizer.at(name), t), 1e-3) << name;
+  }
+  EXPECT_GT(momenta, 4);
+}
+
+TEST_F(DataParallelCli, AGlobalBatchThatDoesNotSplitIsRefusedByEveryWorker) {
+  auto r = run_slm("train --recipe " + recipe + " --data " + data + " --out " + dir +
+                   "/odd --steps 2 --batch 3 --seq-len 24 --threads 1 --tokenizer none --nproc 2");
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("must divide by the 2 workers"), std::string::npos) << r.out;
+}
+
+void expect_env_error(std::initializer_list<std::string> fragments) {
+  try {
+    train::DistEnv::from_environment();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    for (const auto& f : fragments) EXPECT_NE(std::string(e.what()).find(f), std::string::npos) << e.what();
+  }
+}
+
+struct EnvGuard {
+  explicit EnvGuard(std::initializer_list<std::pair<const char*, const char*>> vars) {
+    for (const auto& [k, v] : vars) {
+      names.push_back(k);
+      if (v)
+        ::setenv(k, v, 1);
+      else
+        ::unsetenv(k);
+    }
+  }
+  ~EnvGuard() {
+    for (const auto& k : names) ::unsetenv(k.c_str());
+  }
+  std::vector<std::string> names;
+};
+
+TEST(DistEnv, ReadsTheLauncherVariables) {
+  {
+    EnvGuard g({{"WORLD_SIZE", nullptr}, {"RANK", nullptr}});
+    auto e = train::DistEnv::from_environment();
+    EXPECT_EQ(e.world_size, 1);
+    EXPECT_EQ(e.rank, 0);
+  }
+  {
+    EnvGuard g({{"WORLD_SIZE", "4"},
+                {"RANK", "3"},
+                {"LOCAL_RANK", "1"},
+                {"MASTER_ADDR", "10.0.0.2"},
+                {"MASTER_PORT", "1234"}});
+    auto e = train::DistEnv::from_environment();
+    EXPECT_EQ(e.world_size, 4);
+    EXPECT_EQ(e.rank, 3);
+    EXPECT_EQ(e.local_rank, 1);
+    EXPECT_EQ(e.master_addr, "10.0.0.2");
+    EXPECT_EQ(e.master_port, 1234);
+  }
+  {
+    EnvGuard g({{"WORLD_SIZE", "2"}, {"RANK", "2"}});
+    expect_env_error({"RANK=2", "WORLD_SIZE=2"});
+  }
+  {
+    EnvGuard g({{"WORLD_SIZE", "two"}});
+    expect_env_error({"WORLD_SIZE=two"});
+  }
+  {
+    EnvGuard g({{"WORLD_SIZE", "2"}, {"RANK", nullptr}});
+    expect_env_error({"RANK"});
+  }
+}
+
+}  // namespace
+}  // namespace slm::test
