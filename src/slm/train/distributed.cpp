@@ -281,11 +281,14 @@ DataParallel::~DataParallel() {
 void DataParallel::broadcast(const std::vector<torch::Tensor>& tensors) {
   torch::NoGradGuard no_grad;
   std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> staged;  // host-resident tensors (Engram tables) under NCCL
   for (const auto& t : tensors) {
-    std::vector<at::Tensor> v{t};
+    std::vector<at::Tensor> v{t.device() == impl_->device ? t : t.to(impl_->device)};
+    if (!v[0].is_same(t)) staged.emplace_back(t, v[0]);
     works.push_back(impl_->pg->broadcast(v));
   }
   for (auto& w : works) w->wait();
+  for (auto& [dst, src] : staged) dst.copy_(src);
 }
 
 void DataParallel::arm() {
@@ -343,7 +346,7 @@ DataParallel::Reduced DataParallel::finish(double local_loss) {
           p.mutable_grad() = torch::Tensor();
           continue;
         }
-        p.mutable_grad() = b.flat.narrow(0, b.offset[k], p.numel()).view(p.sizes()).mul(inv);
+        p.mutable_grad() = b.flat.narrow(0, b.offset[k], p.numel()).view(p.sizes()).mul(inv).to(p.device());
         sq_shared += p.grad().to(torch::kDouble).pow(2).sum();
       }
       continue;
