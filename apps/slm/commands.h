@@ -13,5 +13,6 @@ void add_data_command(CLI::App& app);
 void add_nvfp4_command(CLI::App& app);
 void add_quantize_command(CLI::App& app);
 void add_train_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 }  // namespace slm::cli

@@ -19,6 +19,7 @@ int main(int argc, char** argv) {
   slm::cli::add_nvfp4_command(app);
   slm::cli::add_quantize_command(app);
   slm::cli::add_train_command(app);
+  slm::cli::add_eval_command(app);
   slm::cli::add_demo_command(app);
   try {
     app.parse(argc, argv);

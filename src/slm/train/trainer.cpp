@@ -27,6 +27,7 @@
 #include "slm/recipe/recipe.h"
 #include "slm/train/checkpoint.h"
 #include "slm/train/distributed.h"
+#include "slm/train/evaluate.h"
 #include "slm/train/flops.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
@@ -42,47 +43,15 @@ bool is_dir(const std::string& p) {
   return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-std::vector<std::string> list_dir(const std::string& dir) {
-  std::vector<std::string> out;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (auto* e = ::readdir(d))
-      if (e->d_name[0] != '.') out.push_back(e->d_name);
-    ::closedir(d);
-  }
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
-// The shards of one split in a domain directory: <dir>/<split>-NNNNN.slmtok.
-std::vector<std::string> split_shards(const std::string& dir, const std::string& split) {
-  std::vector<std::string> out;
-  for (const auto& f : list_dir(dir))
-    if (f.rfind(split + "-", 0) == 0 && ends_with(f, data::kShardExtension)) out.push_back(dir + "/" + f);
-  return out;
-}
-
 // One source per domain directory of cfg.data that has shards of the split (train, validation).
 std::vector<data::ShardSource> find_sources(const TrainConfig& cfg, const std::string& split) {
-  if (!is_dir(cfg.data)) throw Error(cfg.data + ": no such shard directory (build one with `slm data shard`)");
-  std::vector<std::string> domains = cfg.domains;
-  if (domains.empty())
-    for (const auto& d : list_dir(cfg.data))
-      if (is_dir(cfg.data + "/" + d)) domains.push_back(d);
-  std::vector<data::ShardSource> out;
-  for (const auto& d : domains) {
-    auto shards = split_shards(cfg.data + "/" + d, split);
-    if (shards.empty()) {
-      if (!cfg.domains.empty() && split == "train")
+  std::vector<data::ShardSource> out = split_sources(cfg.data, split, cfg.domains);
+  if (split == "train")
+    for (const auto& d : cfg.domains)
+      if (std::none_of(out.begin(), out.end(), [&](const auto& s) { return s.name == d; }))
         throw Error(cfg.data + "/" + d + ": domain '" + d + "' has no " + split + "-*.slmtok shards");
-      continue;
-    }
-    auto w = cfg.mix.find(d);
-    out.push_back({d, shards, w == cfg.mix.end() ? 1.0 : w->second});
-  }
+  for (auto& src : out)
+    if (auto w = cfg.mix.find(src.name); w != cfg.mix.end()) src.weight = w->second;
   for (const auto& [d, _] : cfg.mix)
     if (std::none_of(out.begin(), out.end(), [&](const auto& s) { return s.name == d; }) && split == "train")
       throw Error("--mix names domain '" + d + "', which has no train shards under " + cfg.data);
@@ -276,11 +245,7 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
 
   // Bits per byte needs the bytes each id stands for: the tokenizer the shards record, looked up in tokenizer/.
   std::string tokenizer = cfg.tokenizer;
-  if (tokenizer.empty()) {
-    auto extra = data::Shard::open(train.front().shards.front(), false)->sidecar().value("extra", nlohmann::json());
-    const std::string name = extra.is_object() ? extra.value("tokenizer", "") : "";
-    if (!name.empty() && ::access(("tokenizer/" + name).c_str(), R_OK) == 0) tokenizer = "tokenizer/" + name;
-  }
+  if (tokenizer.empty()) tokenizer = shard_tokenizer(train.front().shards.front());
   std::vector<int64_t> canonical;  // Engram's compression map of the tokenizer's vocabulary
   if (!tokenizer.empty() && tokenizer != "none") {
     auto tok = data::Tokenizer::load(tokenizer);
@@ -292,9 +257,7 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
     if (tok.vocab_size() > static_cast<uint32_t>(s->recipe.vocab_size))
       throw Error(tokenizer + ": vocabulary " + std::to_string(tok.vocab_size()) + " exceeds the recipe's " +
                   std::to_string(s->recipe.vocab_size));
-    s->token_bytes = torch::zeros({s->recipe.vocab_size}, torch::kDouble);
-    auto acc = s->token_bytes.accessor<double, 1>();
-    for (uint32_t id = 0; id < tok.vocab_size(); ++id) acc[id] = static_cast<double>(tok.decode({id}).size());
+    s->token_bytes = token_byte_counts(tok, s->recipe.vocab_size);
   }
 
   torch::manual_seed(cfg.seed);
@@ -437,36 +400,9 @@ std::string Trainer::save() {
 
 std::map<std::string, std::pair<double, double>> Trainer::evaluate() {
   std::map<std::string, std::pair<double, double>> out;
-  torch::NoGradGuard no_grad;
-  s_->model->eval();
-  for (const auto& src : s_->validation) {
-    data::LoaderOptions lo;
-    lo.batch_size = cfg_.batch;
-    lo.seq_len = s_->seq_len;
-    lo.seed = 0;  // the same windows at every evaluation
-    lo.verify_checksums = false;
-    data::TokenLoader loader({src}, lo);
-    double nll = 0, bytes = 0;
-    int64_t count = 0;
-    const int64_t batches = std::max<int64_t>(1, std::min<int64_t>(cfg_.eval_batches, static_cast<int64_t>(
-                                                                     (loader.windows(0) + cfg_.batch - 1) / cfg_.batch)));
-    for (int64_t b = 0; b < batches; ++b) {
-      auto batch = loader.next();
-      auto x = batch.tokens.narrow(1, 0, s_->seq_len).to(s_->device);
-      auto y = batch.tokens.narrow(1, 1, s_->seq_len);
-      auto logits = s_->model->forward(x).logits.to(torch::kCPU).to(torch::kDouble);
-      auto token_nll = torch::nn::functional::cross_entropy(
-          logits.reshape({-1, logits.size(-1)}), y.reshape({-1}),
-          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-      nll += token_nll.sum().item<double>();
-      count += token_nll.numel();
-      if (s_->token_bytes.defined()) bytes += s_->token_bytes.index_select(0, y.reshape({-1})).sum().item<double>();
-    }
-    const double loss = nll / static_cast<double>(count);
-    const double bpb = bytes > 0 ? nll / std::log(2.0) / bytes : std::nan("");
-    out[src.name] = {loss, bpb};
-  }
-  s_->model->train();
+  for (const auto& [d, r] : evaluate_model(*s_->model, s_->validation, {cfg_.batch, s_->seq_len, cfg_.eval_batches},
+                                           s_->token_bytes, s_->device))
+    out[d] = {r.loss, r.bpb};
   return out;
 }
 

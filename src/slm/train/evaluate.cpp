@@ -1,0 +1,207 @@
+#include "slm/train/evaluate.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "slm/data/shards.h"
+#include "slm/model/weights.h"
+#include "slm/recipe/recipe.h"
+#include "slm/train/checkpoint.h"
+#include "slm/util/error.h"
+#include "slm/util/files.h"
+
+namespace slm::train {
+
+namespace {
+
+bool is_dir(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> out;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (auto* e = ::readdir(d))
+      if (e->d_name[0] != '.') out.push_back(e->d_name);
+    ::closedir(d);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+}  // namespace
+
+std::vector<data::ShardSource> split_sources(const std::string& data_dir, const std::string& split,
+                                             const std::vector<std::string>& domains) {
+  if (!is_dir(data_dir)) throw Error(data_dir + ": no such shard directory (build one with `slm data shard`)");
+  std::vector<std::string> names = domains;
+  if (names.empty())
+    for (const auto& d : list_dir(data_dir))
+      if (is_dir(data_dir + "/" + d)) names.push_back(d);
+  std::vector<data::ShardSource> out;
+  for (const auto& d : names) {
+    std::vector<std::string> shards;
+    for (const auto& f : list_dir(data_dir + "/" + d))
+      if (f.rfind(split + "-", 0) == 0 && ends_with(f, data::kShardExtension))
+        shards.push_back(data_dir + "/" + d + "/" + f);
+    if (!shards.empty()) out.push_back({d, shards, 1.0});
+  }
+  return out;
+}
+
+std::string shard_tokenizer(const std::string& shard_path) {
+  auto extra = data::Shard::open(shard_path, /*verify=*/false)->sidecar().value("extra", nlohmann::json());
+  const std::string name = extra.is_object() ? extra.value("tokenizer", "") : "";
+  if (!name.empty() && ::access(("tokenizer/" + name).c_str(), R_OK) == 0) return "tokenizer/" + name;
+  return "";
+}
+
+torch::Tensor token_byte_counts(const data::Tokenizer& tok, int64_t vocab_size) {
+  auto out = torch::zeros({vocab_size}, torch::kDouble);
+  auto acc = out.accessor<double, 1>();
+  const int64_t n = std::min<int64_t>(vocab_size, tok.vocab_size());
+  for (int64_t id = 0; id < n; ++id) acc[id] = static_cast<double>(tok.decode({static_cast<uint32_t>(id)}).size());
+  return out;
+}
+
+std::map<std::string, DomainScore> evaluate_model(model::HybridLM& model, const std::vector<data::ShardSource>& sources,
+                                                  const EvalWindows& windows, const torch::Tensor& token_bytes,
+                                                  torch::Device device) {
+  std::map<std::string, DomainScore> out;
+  torch::NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  for (const auto& src : sources) {
+    data::LoaderOptions lo;
+    lo.batch_size = windows.batch;
+    lo.seq_len = windows.seq_len;
+    lo.seed = 0;  // the same windows at every evaluation
+    lo.verify_checksums = false;
+    data::TokenLoader loader({src}, lo);
+    double nll = 0, bytes = 0;
+    int64_t count = 0;
+    const int64_t available = static_cast<int64_t>((loader.windows(0) + windows.batch - 1) / windows.batch);
+    const int64_t batches = std::max<int64_t>(1, std::min<int64_t>(windows.batches, available));
+    for (int64_t b = 0; b < batches; ++b) {
+      auto batch = loader.next();
+      auto x = batch.tokens.narrow(1, 0, windows.seq_len).to(device);
+      auto y = batch.tokens.narrow(1, 1, windows.seq_len);
+      auto logits = model.forward(x).logits.to(torch::kCPU).to(torch::kDouble);
+      auto token_nll = torch::nn::functional::cross_entropy(
+          logits.reshape({-1, logits.size(-1)}), y.reshape({-1}),
+          torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
+      nll += token_nll.sum().item<double>();
+      count += token_nll.numel();
+      if (token_bytes.defined()) bytes += token_bytes.index_select(0, y.reshape({-1})).sum().item<double>();
+    }
+    DomainScore s;
+    s.loss = nll / static_cast<double>(count);
+    s.bpb = bytes > 0 ? nll / std::log(2.0) / bytes : std::nan("");
+    s.tokens = count;
+    s.bytes = bytes;
+    out[src.name] = s;
+  }
+  model.train(was_training);
+  return out;
+}
+
+DomainScore pooled(const std::map<std::string, DomainScore>& scores) {
+  DomainScore all;
+  double nll = 0;
+  bool bytes_everywhere = !scores.empty();
+  for (const auto& [_, s] : scores) {
+    nll += s.loss * static_cast<double>(s.tokens);
+    all.tokens += s.tokens;
+    all.bytes += s.bytes;
+    bytes_everywhere = bytes_everywhere && s.bytes > 0;
+  }
+  if (all.tokens > 0) all.loss = nll / static_cast<double>(all.tokens);
+  if (bytes_everywhere) all.bpb = nll / std::log(2.0) / all.bytes;
+  return all;
+}
+
+CheckpointScores evaluate_checkpoint(const CheckpointEval& req) {
+  CheckpointScores out;
+  Recipe recipe;
+  nlohmann::json run = nlohmann::json::object();  // the training run's configuration, when there is one
+  const std::string& path = req.checkpoint;
+  if (path.empty()) throw Error("--checkpoint is required");
+  if (::access(path.c_str(), F_OK) != 0) throw Error(path + ": no such checkpoint");
+  const bool training = is_dir(path) && (::access((path + "/meta.json").c_str(), F_OK) == 0 ||
+                                         ::access((path + "/latest").c_str(), F_OK) == 0);
+  if (training) {
+    // Verifies every tensor's checksum; the optimizer state is read too and dropped.
+    const auto meta = load_checkpoint(path).meta;
+    const std::string dir = meta.at("checkpoint_dir").get<std::string>();
+    out.weights = dir + "/model.safetensors";
+    out.step = meta.at("step").get<int64_t>();
+    run = meta.value("config", nlohmann::json::object());
+    recipe = req.recipe.empty() ? parse_recipe_text(meta.at("recipe_text").get<std::string>(), dir + "/meta.json")
+                                : load_recipe(req.recipe);
+  } else {
+    out.weights = model::weights_path(path);
+    if (req.recipe.empty())
+      throw Error(path + ": a weights file does not record its recipe; give the recipe it was trained from (--recipe)");
+    recipe = load_recipe(req.recipe);
+  }
+  out.recipe = recipe.name;
+
+  const std::string data = !req.data.empty() ? req.data : run.value("data", "");
+  if (data.empty()) throw Error(path + ": give the shard directory (--data)");
+  const auto domains = !req.domains.empty() ? req.domains : run.value("domains", std::vector<std::string>{});
+  auto sources = split_sources(data, req.split, domains);
+  for (const auto& d : domains)
+    if (std::none_of(sources.begin(), sources.end(), [&](const auto& s) { return s.name == d; }))
+      throw Error(data + "/" + d + ": domain '" + d + "' has no " + req.split + "-*.slmtok shards");
+  if (sources.empty())
+    throw Error(data + ": no <domain>/" + req.split + "-*.slmtok shards (the split '" + req.split +
+                "' is missing; `slm data shard` writes train, validation and test)");
+  for (const auto& src : sources)
+    for (const auto& shard : src.shards)
+      if (data::Shard::open(shard, /*verify=*/false)->vocab_size() > static_cast<uint32_t>(recipe.vocab_size))
+        throw Error(shard + ": shard vocabulary exceeds the vocab_size " + std::to_string(recipe.vocab_size) +
+                    " of recipe " + recipe.name + "; the checkpoint was not trained on these shards");
+
+  auto setting = [&](int64_t given, const char* key, int64_t fallback) {
+    if (given > 0) return given;
+    const int64_t saved = run.value(key, int64_t{0});
+    return saved > 0 ? saved : fallback;
+  };
+  out.windows.batch = setting(req.batch, "batch", 8);
+  out.windows.seq_len = setting(req.seq_len, "seq_len", recipe.seq_len);
+  out.windows.batches = setting(req.batches, "eval_batches", 4);
+  if (out.windows.seq_len < 2) throw Error("--seq-len must be >= 2");
+
+  std::string tokenizer = !req.tokenizer.empty() ? req.tokenizer : run.value("tokenizer", "");
+  if (tokenizer.empty()) tokenizer = shard_tokenizer(sources.front().shards.front());
+  torch::Tensor token_bytes;
+  if (!tokenizer.empty() && tokenizer != "none") {
+    auto tok = data::Tokenizer::load(tokenizer);
+    if (tok.vocab_size() > static_cast<uint32_t>(recipe.vocab_size))
+      throw Error(tokenizer + ": vocabulary " + std::to_string(tok.vocab_size()) + " exceeds the vocab_size " +
+                  std::to_string(recipe.vocab_size) + " of recipe " + recipe.name);
+    token_bytes = token_byte_counts(tok, recipe.vocab_size);
+    out.tokenizer = tokenizer;
+  }
+
+  if (req.device != "cpu" && req.device != "cuda")
+    throw Error("--device must be cpu or cuda (got '" + req.device + "')");
+  if (req.device == "cuda" && !torch::cuda::is_available()) throw Error("--device cuda: no CUDA device is available");
+  const torch::Device device = req.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  model::HybridLM m(recipe, torch::TensorOptions().dtype(torch::kFloat).device(device));
+  model::load_weights(m, out.weights);
+  out.nvfp4_weights = static_cast<int64_t>(model::nvfp4_weights(m).size());
+  out.domains = evaluate_model(m, sources, out.windows, token_bytes, device);
+  out.all = pooled(out.domains);
+  return out;
+}
+
+}  // namespace slm::train

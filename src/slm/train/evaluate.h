@@ -1,0 +1,80 @@
+#pragma once
+// Held-out evaluation, shared by the trainer's validation and `slm eval`: the mean next-token loss and the bits per
+// byte of a model per domain, over a split of the token shards (<data>/<domain>/<split>-NNNNN.slmtok).
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "slm/data/loader.h"
+#include "slm/data/tokenizer.h"
+#include "slm/model/hybrid_lm.h"
+
+namespace slm::train {
+
+struct DomainScore {
+  double loss = 0;            // mean negative log-likelihood per target token, in nats
+  double bpb = std::nan("");  // sum NLL / ln 2 / sum of the target tokens' bytes (NaN without token bytes)
+  int64_t tokens = 0;         // target tokens scored
+  double bytes = 0;           // bytes those tokens decode to
+};
+
+struct EvalWindows {
+  int64_t batch = 8;    // sequences per micro-batch
+  int64_t seq_len = 0;  // input tokens per sequence (each window holds seq_len + 1)
+  int64_t batches = 4;  // micro-batches per domain; fewer when the split has fewer windows
+};
+
+// The domains of data_dir (those named, or every subdirectory when `domains` is empty) that have shards of `split`,
+// one source each with weight 1, in the order given (or by name). Throws slm::Error when data_dir does not exist.
+std::vector<data::ShardSource> split_sources(const std::string& data_dir, const std::string& split,
+                                             const std::vector<std::string>& domains);
+
+// The tokenizer the shard records in its sidecar, as tokenizer/<name> when that file is readable (relative to the
+// working directory, like the repository's tokenizer/); "" otherwise.
+std::string shard_tokenizer(const std::string& shard_path);
+
+// [vocab_size] float64: the bytes each id decodes to (0 for ids past the tokenizer's vocabulary and for specials).
+torch::Tensor token_byte_counts(const data::Tokenizer& tok, int64_t vocab_size);
+
+// Scores the model on each source: the same windows every call (the seed-0 window stream of data::TokenLoader, the
+// first `batches` micro-batches), logits taken to float64 on the CPU. token_bytes (from token_byte_counts) may be
+// undefined: bpb is then NaN. The model runs in eval mode and is left in the mode it was in.
+std::map<std::string, DomainScore> evaluate_model(model::HybridLM& model, const std::vector<data::ShardSource>& sources,
+                                                  const EvalWindows& windows, const torch::Tensor& token_bytes,
+                                                  torch::Device device);
+
+// Every domain's tokens together: total NLL over total tokens, and over total bytes.
+DomainScore pooled(const std::map<std::string, DomainScore>& scores);
+
+// `slm eval`: a checkpoint scored on a split of the shards.
+struct CheckpointEval {
+  std::string checkpoint;  // training checkpoint directory, run directory (its latest), or weights file (NVFP4 too)
+  std::string recipe;      // recipe file: required for a weights file; overrides a training checkpoint's recipe
+  std::string data;        // shard directory ("": the training run's)
+  std::string split = "validation";
+  std::vector<std::string> domains;             // empty: the run's domains, else every domain with the split
+  std::string tokenizer;                        // for bpb; "": the run's, else the one the shards name; "none": no bpb
+  int64_t batch = 0, seq_len = 0, batches = 0;  // 0: the run's settings, else 8, the recipe's seq_len, 4
+  std::string device = "cpu";
+};
+
+struct CheckpointScores {
+  std::string weights;  // the weights file read
+  std::string recipe;   // the recipe's name
+  int64_t step = -1;    // training step (-1 for a weights file)
+  EvalWindows windows;
+  std::string tokenizer;      // "" without bpb
+  int64_t nvfp4_weights = 0;  // weights the model runs in NVFP4
+  std::map<std::string, DomainScore> domains;
+  DomainScore all;  // pooled()
+};
+
+// Builds the recipe's model, loads the checkpoint (a training checkpoint is checksum-verified) and scores it with
+// evaluate_model. Throws slm::Error naming the file, tensor, domain or split at fault.
+CheckpointScores evaluate_checkpoint(const CheckpointEval& request);
+
+}  // namespace slm::train

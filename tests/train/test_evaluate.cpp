@@ -1,0 +1,231 @@
+// Held-out evaluation of checkpoints (`slm eval`): the same numbers as the trainer's validation, a naive float64
+// recount, NVFP4 checkpoints against their dequantized twin and the dense model, and clear errors for bad inputs.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "model/model_test_util.h"
+#include "slm/data/loader.h"
+#include "slm/data/tokenizer.h"
+#include "slm/io/safetensors.h"
+#include "slm/model/weights.h"
+#include "slm/quant/nvfp4.h"
+#include "slm/quant/nvfp4_store.h"
+#include "slm/quant/quantize_checkpoint.h"
+#include "slm/train/checkpoint.h"
+#include "slm/train/evaluate.h"
+#include "train/train_test_util.h"
+
+namespace slm::test {
+namespace {
+
+const char* kTokenizer = "tokenizer/slm-code-512.model";
+
+// Two domains of counting data, a micro hybrid recipe with the 512-id vocabulary (bits per byte from the real
+// tokenizer) and a short training run that ends with a checkpoint.
+struct EvalFixture : ::testing::Test {
+  void SetUp() override {
+    single_threaded();
+    dir = fresh_dir("eval");
+    data = dir + "/shards";
+    ::mkdir(data.c_str(), 0755);
+    write_counting_shards(data, "count", 512, 64, 11);
+    write_counting_shards(data, "stride", 512, 64, 12);
+    auto j = micro_hybrid_json();
+    j["vocab_size"] = 512;
+    recipe = write_recipe(dir, j);
+  }
+  train::TrainConfig config(const std::string& name, int64_t steps) {
+    auto c = micro_config(recipe, data, dir + "/" + name);
+    c.tokenizer = source_path(kTokenizer);
+    c.steps = steps;
+    c.eval_batches = 2;
+    c.checkpoint_every = 0;
+    return c;
+  }
+  std::string dir, data, recipe;
+  std::ostringstream log;
+};
+
+// Mean NLL of the targets, from the logits by a plain float64 log-sum-exp loop.
+double naive_mean_nll(const torch::Tensor& logits, const torch::Tensor& targets) {
+  auto l = logits.reshape({-1, logits.size(-1)}).to(torch::kDouble).contiguous();
+  auto y = targets.reshape({-1});
+  auto a = l.accessor<double, 2>();
+  double sum = 0;
+  for (int64_t i = 0; i < l.size(0); ++i) {
+    double mx = -INFINITY, z = 0;
+    for (int64_t v = 0; v < l.size(1); ++v) mx = std::max(mx, a[i][v]);
+    for (int64_t v = 0; v < l.size(1); ++v) z += std::exp(a[i][v] - mx);
+    sum += mx + std::log(z) - a[i][y[i].item<int64_t>()];
+  }
+  return sum / static_cast<double>(l.size(0));
+}
+
+TEST_F(EvalFixture, CheckpointScoresEqualTheTrainersValidation) {
+  auto c = config("run", 20);
+  train::Trainer t(c, log);
+  t.run();
+  const auto trainer_scores = t.evaluate();
+
+  train::CheckpointEval req;
+  req.checkpoint = c.out;  // the run directory: its latest checkpoint, the run's data, windows and tokenizer
+  auto r = train::evaluate_checkpoint(req);
+  EXPECT_EQ(r.step, 20);
+  EXPECT_EQ(r.nvfp4_weights, 0);
+  EXPECT_EQ(r.windows.batch, c.batch);
+  EXPECT_EQ(r.windows.seq_len, c.seq_len);
+  EXPECT_EQ(r.windows.batches, c.eval_batches);
+  ASSERT_EQ(r.domains.size(), 2u);
+  ASSERT_EQ(trainer_scores.size(), 2u);
+  for (const auto& [d, lb] : trainer_scores) {
+    SCOPED_TRACE(d);
+    EXPECT_DOUBLE_EQ(r.domains.at(d).loss, lb.first);
+    EXPECT_DOUBLE_EQ(r.domains.at(d).bpb, lb.second);
+    EXPECT_EQ(r.domains.at(d).tokens, c.batch * c.seq_len * c.eval_batches);
+  }
+  // Pooled over the domains by token count.
+  const auto& a = r.domains.at("count");
+  const auto& b = r.domains.at("stride");
+  EXPECT_NEAR(r.all.loss, (a.loss * a.tokens + b.loss * b.tokens) / (a.tokens + b.tokens), 1e-12);
+  EXPECT_NEAR(r.all.bpb, (a.loss * a.tokens + b.loss * b.tokens) / std::log(2.0) / (a.bytes + b.bytes), 1e-12);
+
+  // An independent recount on the same windows: the validation loader's first two batches (seed 0), the model
+  // loaded from the checkpoint's weights file, NLL by a float64 loop and bytes from the tokenizer.
+  auto tok = data::Tokenizer::load(source_path(kTokenizer));
+  model::HybridLM m(load_recipe(recipe));
+  model::load_weights(m, train::latest_checkpoint(c.out) + "/model.safetensors");
+  m.eval();
+  torch::NoGradGuard no_grad;
+  data::LoaderOptions lo;
+  lo.batch_size = c.batch;
+  lo.seq_len = c.seq_len;
+  lo.seed = 0;
+  data::TokenLoader loader({{"count", {data + "/count/validation-00000.slmtok"}, 1.0}}, lo);
+  double nll = 0, bytes = 0;
+  for (int b = 0; b < 2; ++b) {
+    auto batch = loader.next();
+    auto y = batch.tokens.narrow(1, 1, c.seq_len);
+    nll += naive_mean_nll(m.forward(batch.tokens.narrow(1, 0, c.seq_len)).logits, y) * static_cast<double>(y.numel());
+    auto flat = y.reshape({-1});
+    for (int64_t i = 0; i < flat.numel(); ++i)
+      bytes += static_cast<double>(tok.decode({static_cast<uint32_t>(flat[i].item<int64_t>())}).size());
+  }
+  EXPECT_NEAR(a.loss, nll / static_cast<double>(a.tokens), 1e-6 * a.loss);
+  EXPECT_NEAR(a.bpb, nll / std::log(2.0) / bytes, 1e-6 * a.bpb);
+}
+
+TEST_F(EvalFixture, Nvfp4CheckpointScoresLikeItsDequantizedTwinAndCloseToTheDenseModel) {
+  auto c = config("run", 60);
+  train::Trainer(c, log).run();
+  const std::string dense = train::latest_checkpoint(c.out) + "/model.safetensors";
+  const std::string q = dir + "/nvfp4.safetensors";
+  auto report = nvfp4::quantize_checkpoint(dense, q, load_recipe(recipe), {});
+  ASSERT_GT(report.total.quantized, 0);
+
+  // The same quantized values as ordinary dense tensors: what the NVFP4 model must compute, up to float rounding.
+  auto file = nvfp4::load_checkpoint(q);
+  std::map<std::string, torch::Tensor> twin = file.dense;
+  for (const auto& [name, qt] : file.quantized) twin[name] = nvfp4::dequantize(qt, torch::kFloat);
+  const std::string twin_path = dir + "/dequantized.safetensors";
+  safetensors::save(twin_path, twin, {});
+
+  auto eval = [&](const std::string& checkpoint) {
+    train::CheckpointEval req;
+    req.checkpoint = checkpoint;
+    req.recipe = recipe;
+    req.data = data;
+    req.tokenizer = source_path(kTokenizer);
+    req.batch = 4;
+    req.seq_len = 24;
+    req.batches = 3;
+    return train::evaluate_checkpoint(req);
+  };
+  auto rd = eval(dense), rq = eval(q), rt = eval(twin_path);
+  EXPECT_GT(rq.nvfp4_weights, 0);
+  EXPECT_EQ(rt.nvfp4_weights, 0);
+  for (const auto& [d, sd] : rd.domains) {
+    SCOPED_TRACE(d);
+    const auto& sq = rq.domains.at(d);
+    EXPECT_NEAR(sq.loss, rt.domains.at(d).loss, 1e-4 * sd.loss);
+    EXPECT_NE(sq.loss, sd.loss) << "quantization changed nothing";
+    EXPECT_LT(std::abs(sq.loss - sd.loss), 0.01 * sd.loss) << "dense " << sd.loss << ", NVFP4 " << sq.loss;
+    EXPECT_LT(sd.loss, std::log(512.0) - 1.0) << "the model has learned something";
+  }
+}
+
+TEST_F(EvalFixture, BadInputsAreClearErrors) {
+  auto c = config("run", 2);
+  train::Trainer(c, log).run();
+  auto error = [](const train::CheckpointEval& req) { return error_of([&] { train::evaluate_checkpoint(req); }); };
+  auto expect_in = [](const std::string& msg, const std::string& fragment) {
+    EXPECT_NE(msg.find(fragment), std::string::npos) << msg;
+  };
+  train::CheckpointEval req;
+  req.checkpoint = dir + "/missing";
+  expect_in(error(req), dir + "/missing: no such checkpoint");
+
+  // A weights file does not know its recipe.
+  req.checkpoint = train::latest_checkpoint(c.out) + "/model.safetensors";
+  req.data = data;
+  expect_in(error(req), "--recipe");
+
+  // A recipe of another shape: the loader names the tensor that does not fit.
+  auto other = micro_hybrid_json();
+  other["vocab_size"] = 512;
+  other["d_model"] = 32;
+  ::mkdir((dir + "/other").c_str(), 0755);
+  req.recipe = write_recipe(dir + "/other", other);
+  auto msg = error(req);
+  expect_in(msg, "model.safetensors: tensor ");
+  expect_in(msg, "shape");
+
+  // The counting shards have train and validation splits only.
+  req = {};
+  req.checkpoint = c.out;
+  req.split = "test";
+  msg = error(req);
+  expect_in(msg, "test-*.slmtok");
+  expect_in(msg, "'test' is missing");
+
+  req.split = "validation";
+  req.domains = {"count", "nothing"};
+  expect_in(error(req), "domain 'nothing' has no validation");
+
+  // Shards of a larger vocabulary than the recipe's cannot be what it was trained on.
+  req.domains = {};
+  auto small = micro_hybrid_json();
+  ::mkdir((dir + "/small").c_str(), 0755);
+  req.recipe = write_recipe(dir + "/small", small);
+  expect_in(error(req), "shard vocabulary exceeds the vocab_size 48");
+}
+
+TEST_F(EvalFixture, CliPrintsTheTableAndTheSameNumbersAsJson) {
+  auto c = config("run", 4);
+  train::Trainer(c, log).run();
+  train::CheckpointEval req;
+  req.checkpoint = c.out;
+  auto want = train::evaluate_checkpoint(req);
+
+  auto r = run_slm("eval --checkpoint " + c.out + " --json");
+  ASSERT_EQ(r.code, 0) << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["step"].get<int64_t>(), 4);
+  EXPECT_EQ(j["nvfp4_weights"].get<int64_t>(), 0);
+  for (const auto& [d, s] : want.domains) {
+    EXPECT_DOUBLE_EQ(j["domains"][d]["loss"].get<double>(), s.loss) << d;
+    EXPECT_DOUBLE_EQ(j["domains"][d]["bpb"].get<double>(), s.bpb) << d;
+  }
+  r = run_slm("eval --checkpoint " + c.out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  for (const char* word : {"count", "stride", "all", "bpb", "step 4"})
+    EXPECT_NE(r.out.find(word), std::string::npos) << word << "\n" << r.out;
+
+  r = run_slm("eval --checkpoint " + dir + "/nowhere");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_NE(r.out.find("nowhere: no such checkpoint"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace slm::test
