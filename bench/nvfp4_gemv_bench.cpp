@@ -5,8 +5,9 @@
 // For each weight shape [N, K] and batch M it times y = x W^T with
 //   CPU:  slm::nvfp4::linear (NVFP4, on-the-fly dequant, FP32 accumulation) vs torch::matmul with FP32 and BF16
 //         weights (libtorch's own kernels);
-//   CUDA: the NVFP4 GEMV kernel (BF16 activations) vs cuBLAS cublasGemmEx with BF16 weights; launches are recorded
-//         into a CUDA graph so launch overhead does not hide the kernels, and timed with CUDA events.
+//   CUDA: the NVFP4 GEMV kernel (BF16 activations; with programmatic dependent launch, as nvfp4::linear runs it, and
+//         with plain launches) vs cuBLAS cublasGemmEx with BF16 weights; launches are recorded into a CUDA graph so
+//         launch overhead does not hide the kernels, and timed with CUDA events.
 // Every variant rotates among enough copies of its weights (--rotate-mb in total, at least 2 copies) that caches
 // (CPU L3, GPU 50 MB L2) cannot serve them. It prints the time per product, the achieved weight bytes/s, the ratio to
 // a bandwidth measured in the same run (CPU: a multi-threaded sum over 1 GiB; GPU: a streaming read kernel) and the
@@ -129,8 +130,9 @@ void run_cpu(const Options& o) {
       std::fflush(stdout);
     }
   }
-  std::printf("\n(GB/s = weight bytes streamed per second; %%bw = NVFP4 GB/s / measured bandwidth; speedup = reference "
-              "time / NVFP4 time; NVFP4 storage 0.5625 B/param, BF16 2, FP32 4)\n");
+  std::printf(
+      "\n(GB/s = weight bytes streamed per second; %%bw = NVFP4 GB/s / measured bandwidth; speedup = reference "
+      "time / NVFP4 time; NVFP4 storage 0.5625 B/param, BF16 2, FP32 4)\n");
 }
 
 #ifdef SLM_WITH_CUDA
@@ -200,7 +202,8 @@ double gpu_bandwidth(cudaStream_t stream) {
   CK(cudaMalloc(reinterpret_cast<void**>(&sink), sizeof(unsigned)));
   CK(cudaMemsetAsync(a, 1, bytes, stream));
   CK(cudaMemsetAsync(b, 2, bytes, stream));
-  double t = time_graph(stream, 4, [&](int i) { slm::bench::enqueue_read(i % 2 ? a : b, bytes, sink, stream); }, 0.5);
+  double t = time_graph(
+      stream, 4, [&](int i) { slm::bench::enqueue_read(i % 2 ? a : b, bytes, sink, stream); }, 0.5);
   CK(cudaGetLastError());
   CK(cudaFree(a));
   CK(cudaFree(b));
@@ -228,8 +231,8 @@ void run_cuda(const Options& o) {
   std::printf("== CUDA: %s, %d SMs, L2 %d MiB ==\n", prop.name, prop.multiProcessorCount, prop.l2CacheSize >> 20);
   const double bw = gpu_bandwidth(stream);
   std::printf("measured read bandwidth (streaming 16-byte loads over 1 GiB): %.0f GB/s\n\n", bw / 1e9);
-  std::printf("%-24s %3s | %9s %8s %5s | %9s %8s %5s | %7s | %s\n", "shape", "M", "NVFP4 us", "GB/s", "%bw",
-              "cuBLAS us", "GB/s", "%bw", "speedup", "check");
+  std::printf("%-24s %3s | %9s %8s %5s | %9s %5s | %9s %8s %5s | %7s %7s | %s\n", "shape", "M", "NVFP4 us", "GB/s",
+              "%bw", "no-PDL us", "%bw", "cuBLAS us", "GB/s", "%bw", "speedup", "no-PDL", "check");
   const double min_time = o.quick ? 0.1 : 0.5;
   for (const auto& s : kShapes) {
     torch::manual_seed(1);
@@ -258,9 +261,10 @@ void run_cuda(const Options& o) {
       void* yb = nullptr;
       CK(cudaMalloc(reinterpret_cast<void**>(&yq), M * s.n * 4));
       CK(cudaMalloc(&yb, M * s.n * 2));
+      bool pdl = true;
       auto enqueue_q = [&](int i) {
         const QDev& d = qd[i % qd.size()];
-        std::string err = fp4::cuda::gemv(d.codes, d.scales, d.ts, xd, yq, M, s.n, blocks, stream);
+        std::string err = fp4::cuda::gemv(d.codes, d.scales, d.ts, xd, yq, M, s.n, blocks, stream, pdl);
         if (!err.empty()) {
           std::fprintf(stderr, "nvfp4 gemv: %s\n", err.c_str());
           std::exit(1);
@@ -275,6 +279,8 @@ void run_cuda(const Options& o) {
       };
       const int per_graph = 64;
       double tq = time_graph(stream, per_graph, enqueue_q, min_time);
+      pdl = false;
+      double tq_plain = time_graph(stream, per_graph, enqueue_q, min_time);
       double tb = time_graph(stream, per_graph, enqueue_b, min_time);
       // Check the kernel against the CPU kernel on the same inputs.
       enqueue_q(0);
@@ -283,9 +289,11 @@ void run_cuda(const Options& o) {
       CK(cudaMemcpy(yg.data_ptr(), yq, M * s.n * 4, cudaMemcpyDeviceToHost));
       torch::Tensor yc = fp4::linear(x.to(torch::kFloat), q);
       double rel = ((yg - yc).abs().max() / yc.abs().max()).item<double>();
-      std::printf("%-24s %3lld | %9.2f %8.0f %4.0f%% | %9.2f %8.0f %4.0f%% | %6.2fx | rel err %.1e\n", s.what,
-                  static_cast<long long>(M), tq * 1e6, qbytes / tq / 1e9, 100 * qbytes / tq / bw, tb * 1e6,
-                  bbytes / tb / 1e9, 100 * bbytes / tb / bw, tb / tq, rel);
+      std::printf(
+          "%-24s %3lld | %9.2f %8.0f %4.0f%% | %9.2f %4.0f%% | %9.2f %8.0f %4.0f%% | %6.2fx %6.2fx | rel err %.1e\n",
+          s.what, static_cast<long long>(M), tq * 1e6, qbytes / tq / 1e9, 100 * qbytes / tq / bw, tq_plain * 1e6,
+          100 * qbytes / tq_plain / bw, tb * 1e6, bbytes / tb / 1e9, 100 * bbytes / tb / bw, tb / tq, tb / tq_plain,
+          rel);
       std::fflush(stdout);
       CK(cudaFree(xd));
       CK(cudaFree(yq));
@@ -298,8 +306,11 @@ void run_cuda(const Options& o) {
     }
     for (void* p : wd) CK(cudaFree(p));
   }
-  std::printf("\n(GB/s = weight bytes per second; %%bw = of the measured read bandwidth; speedup = cuBLAS BF16 time / "
-              "NVFP4 time; %d launches per CUDA graph, rotating weight copies)\n", 64);
+  std::printf(
+      "\n(GB/s = weight bytes per second; %%bw = of the measured read bandwidth; speedup = cuBLAS BF16 time / "
+      "NVFP4 time; NVFP4 launched with programmatic dependent launch (consecutive GEMVs overlap), no-PDL: "
+      "plain launches; %d launches per CUDA graph, rotating weight copies)\n",
+      64);
   CK(cudaFree(workspace));
   CK(cublasDestroy(handle));
   CK(cudaStreamDestroy(stream));

@@ -33,23 +33,23 @@ void expect_matches_reference(const torch::Tensor& x, const nv::QTensor& w, cons
 
 TEST(Nvfp4Linear, CpuMatchesDequantizeThenMatmulOnRandomShapes) {
   for (bool simd : {true, false}) {
-  SCOPED_TRACE(simd ? "SIMD kernel" : "portable kernel");
-  nv::cpu_kernel_use_simd(simd);
-  torch::manual_seed(21);
-  struct Case {
-    int64_t M, N, K;
-  };
-  std::vector<Case> cases = {{1, 1, 1},   {1, 7, 16},   {2, 33, 37},  {3, 64, 64},  {4, 17, 100},
-                             {5, 40, 250}, {8, 129, 48}, {13, 9, 513}, {16, 96, 160}, {21, 31, 77}};
-  for (const auto& c : cases) {
-    SCOPED_TRACE(::testing::Message() << "M " << c.M << " N " << c.N << " K " << c.K);
-    torch::Tensor wf = torch::randn({c.N, c.K}) * torch::exp(torch::randn({c.N, c.K}));
-    nv::QTensor w = nv::quantize(wf.to(torch::kBFloat16));
-    torch::Tensor x = torch::randn({c.M, c.K});
-    torch::Tensor y = nv::linear(x, w);
-    EXPECT_EQ(y.scalar_type(), torch::kFloat);
-    expect_matches_reference(x, w, y);
-  }
+    SCOPED_TRACE(simd ? "SIMD kernel" : "portable kernel");
+    nv::cpu_kernel_use_simd(simd);
+    torch::manual_seed(21);
+    struct Case {
+      int64_t M, N, K;
+    };
+    std::vector<Case> cases = {{1, 1, 1},    {1, 7, 16},   {2, 33, 37},  {3, 64, 64},   {4, 17, 100},
+                               {5, 40, 250}, {8, 129, 48}, {13, 9, 513}, {16, 96, 160}, {21, 31, 77}};
+    for (const auto& c : cases) {
+      SCOPED_TRACE(::testing::Message() << "M " << c.M << " N " << c.N << " K " << c.K);
+      torch::Tensor wf = torch::randn({c.N, c.K}) * torch::exp(torch::randn({c.N, c.K}));
+      nv::QTensor w = nv::quantize(wf.to(torch::kBFloat16));
+      torch::Tensor x = torch::randn({c.M, c.K});
+      torch::Tensor y = nv::linear(x, w);
+      EXPECT_EQ(y.scalar_type(), torch::kFloat);
+      expect_matches_reference(x, w, y);
+    }
   }
   nv::cpu_kernel_use_simd(true);
 }
@@ -84,10 +84,11 @@ TEST(Nvfp4LinearCuda, MatchesDequantizeThenMatmul) {
   struct Case {
     int64_t M, N, K;
   };
-  // Even and odd block counts (16-byte and 8-byte load paths), ragged K and N, batches 1..16 and beyond.
-  std::vector<Case> cases = {{1, 1, 16},   {1, 4096, 4096}, {1, 1000, 4112}, {2, 33, 37},  {3, 257, 1000},
-                             {4, 64, 11008}, {7, 130, 48},   {8, 1024, 4096}, {16, 300, 160}, {16, 77, 513},
-                             {19, 65, 96}};
+  // Even and odd block counts (16-byte and 8-byte load paths), ragged K and N, batches 1..16 and beyond, and more
+  // than 264 row tiles (the launcher's 8-warp configuration).
+  std::vector<Case> cases = {{1, 1, 16},     {1, 4096, 4096}, {1, 1000, 4112}, {2, 33, 37},    {3, 257, 1000},
+                             {4, 64, 11008}, {7, 130, 48},    {8, 1024, 4096}, {16, 300, 160}, {16, 77, 513},
+                             {19, 65, 96},   {1, 4300, 160},  {3, 4313, 256},  {12, 4500, 48}};
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::Message() << "M " << c.M << " N " << c.N << " K " << c.K);
     nv::QTensor w = nv::quantize(torch::randn({c.N, c.K}).to(torch::kBFloat16));
@@ -103,5 +104,6 @@ TEST(Nvfp4LinearCuda, MatchesDequantizeThenMatmul) {
   // A slice of stacked experts at an offset that is only 8-byte aligned.
   nv::QTensor experts = nv::quantize(torch::randn({3, 5, 48})).to(torch::kCUDA);
   torch::Tensor x = torch::randn({2, 48}).to(torch::kBFloat16);
-  for (int e = 0; e < 3; ++e) expect_matches_reference(x, experts.matrix(e).to(torch::kCPU), nv::linear(x.to(torch::kCUDA), experts.matrix(e)));
+  for (int e = 0; e < 3; ++e)
+    expect_matches_reference(x, experts.matrix(e).to(torch::kCPU), nv::linear(x.to(torch::kCUDA), experts.matrix(e)));
 }

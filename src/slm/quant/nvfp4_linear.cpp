@@ -228,14 +228,16 @@ torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
   x = x.contiguous();
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
   torch::Tensor codes = w.codes;
-  if (reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 != 0) codes = codes.clone();
+  const bool copied = reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 != 0;
+  if (copied) codes = codes.clone();
   torch::Tensor y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
   void* stream = nullptr;
 #ifdef SLM_HAVE_C10_CUDA
   stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
 #endif
   std::string err = cuda::gemv(codes.data_ptr<uint8_t>(), w.scales.data_ptr<uint8_t>(), w.tensor_scale.data_ptr<float>(),
-                               x.data_ptr(), y.data_ptr<float>(), M, N, w.blocks_per_row(), stream);
+                               x.data_ptr(), y.data_ptr<float>(), M, N, w.blocks_per_row(), stream,
+                               /*pdl=*/!copied);  // loaded weights are read-only; a fresh copy is not
   if (!err.empty()) throw Error("nvfp4 linear_cuda: " + err);
   return y;
 #endif

@@ -6,8 +6,10 @@
 //
 // Work split: a CTA owns 16 output rows (the mma's M dimension); its S warps split K. Lane (g, t) of a warp holds
 // rows g and g + 8 and, per step, one chunk of CB blocks (16 B of codes for CB = 2) of each, so a warp's load covers
-// 64 contiguous bytes of 8 rows. Each thread issues the loads of kUnroll steps before any math (enough bytes in
-// flight to cover HBM latency); the warps' partial sums meet in shared memory.
+// 64 contiguous bytes of 8 rows. Each thread issues the loads of U steps before any math; the warps' partial sums
+// meet in shared memory. With programmatic dependent launch the weight loads of one GEMV overlap the tail of the
+// previous one. Measured on an H200 the kernel is latency-bound (warps mostly wait on their loads), not
+// decode-bound: bench/RESULTS.md.
 //
 // Exactness: an E2M1 code s e1 e0 m placed as BF16 bits s<<15 | e1 e0 m << 6 is the E2M1 value times 2^-126
 // (subnormal codes included). Multiplying by the block scale times 2^118 (a BF16 from a 256-entry table) gives
@@ -28,8 +30,6 @@
 namespace slm::nvfp4::cuda {
 
 namespace {
-
-constexpr int kUnroll = 4;  // steps whose loads a thread issues before decoding
 
 __device__ __forceinline__ float e4m3_to_float(uint32_t b) {
   const uint32_t exp = (b >> 3) & 0xF, man = b & 0x7;
@@ -83,7 +83,7 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
     return __ldg(p);
 }
 
-// One thread's share of kUnroll steps: codes and scale bytes of rows g and g + 8.
+// One thread's share of U steps: codes and scale bytes of rows g and g + 8.
 template <int CB, int U>
 struct Batch {
   uint32_t codes[U][2][2 * CB];
@@ -92,7 +92,8 @@ struct Batch {
 
 // MT: n8 tiles of the batch (1 for M <= 8, 2 for M <= 16). CB: blocks per chunk (2: 16-byte loads, 1: 8-byte).
 // S: warps per CTA. XS: the activations are staged in shared memory, already in the mma's k order (when they fit).
-template <int CB, int MT, int S, bool XS, int U = kUnroll>
+// U: steps per batch. PDL: programmatic dependent launch (the weights are read while the previous kernel runs).
+template <int CB, int MT, int S, bool XS, int U, bool PDL>
 __global__ void __launch_bounds__(S * 32)
     nvfp4_gemv_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
                       const float* __restrict__ tensor_scale, const __nv_bfloat16* __restrict__ x,
@@ -103,19 +104,21 @@ __global__ void __launch_bounds__(S * 32)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g = lane >> 2, t = lane & 3;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
-  const int64_t row_bytes = blocks * 8, ldx = blocks * 16, groups = blocks * 2, ldxs = groups + 1;
+  const int64_t row_bytes = blocks * 8, ldx = blocks * 16;
+  const int groups = static_cast<int>(blocks * 2), ldxs = groups + 1;
   const int64_t chunks = blocks / CB, slabs = (chunks + 3) / 4;  // slab: the 4 chunks of one warp step
-  // Rows past N read row N - 1 (valid memory) and are never stored.
   const uint8_t* crow[2];
   const uint8_t* srow[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
+    // Rows past N read row N - 1 (valid memory) and are never stored.
     const int64_t row = min(n0 + g + 8 * r, N - 1);
     crow[r] = codes + row * row_bytes + t * CB * 8;
     srow[r] = scales + row * blocks + t * CB;
   }
-  // Loads of one batch: chunk (slab s0 + u S) * 4 + t; a step of S slabs is S * 4 chunks.
-  auto load = [&](int64_t s0, Batch<CB, U>& bt) {
+  // Batch from slab s0: slabs s0 + u S, i.e. chunks (s0 + u S) * 4 + t.
+  Batch<CB, U> bt;
+  auto load = [&](int64_t s0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t c0 = (s0 + u * S) * 4;
@@ -134,25 +137,34 @@ __global__ void __launch_bounds__(S * 32)
     }
   };
 
-  // The first batch's weight loads go out before the shared-memory setup, so HBM starts working at once.
-  Batch<CB, U> bt;
-  if (warp < slabs) load(warp, bt);
+  // The first batch's weight loads go out before the setup, so HBM starts working at once.
+  if (warp < slabs) load(warp);
+  if constexpr (PDL) {
+    // Only the weights are read before the previous grid has completed: activations, the tensor scale and the
+    // output belong to the dependency chain.
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
   for (int i = threadIdx.x; i < 256; i += S * 32) {
     const __nv_bfloat16 sc = __float2bfloat16_rn(e4m3_to_float(i) * 0x1p118f);
     const uint32_t bits = __bfloat16_as_ushort(sc);
     scale_lut[i] = bits | (bits << 16);
   }
   if constexpr (XS) {
-    for (int m = 0; m < M; ++m)
-      for (int64_t q = threadIdx.x; q < groups; q += S * 32) {
-        const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + m * ldx + q * 8));
+    for (int m = 0; m < M; ++m) {
+      const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx);
+      for (int q = threadIdx.x; q < groups; q += S * 32) {
+        const uint4 v = __ldg(xr + q);
         xs[m * ldxs + q] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
                                       __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
       }
+    }
   }
+  const float s_dec = __ldg(tensor_scale);
   __syncthreads();
 
-  float acc[MT][4] = {};
+  // Two accumulator chains (even and odd code words) halve the dependent-mma latency.
+  float acc[2][MT][4] = {};
   for (int64_t s0 = warp; s0 < slabs; s0 += U * S) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -174,7 +186,7 @@ __global__ void __launch_bounds__(S * 32)
             a0[j] = bf16x2_mul(a0[j], sc0);
             a1[j] = bf16x2_mul(a1[j], sc1);
           }
-          const int64_t q = (c * CB + b) * 2 + h;  // 8-element group of k
+          const int q = static_cast<int>((c * CB + b) * 2 + h);  // 8-element group of k
 #pragma unroll
           for (int mt = 0; mt < MT; ++mt) {
             const int m = g + 8 * mt;
@@ -184,29 +196,29 @@ __global__ void __launch_bounds__(S * 32)
                 bv = xs[m * ldxs + q];
               } else {
                 // B pairs (k0 + j, k0 + j + 4), matching the decode.
-                const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + m * ldx + q * 8));
+                const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + m * ldx) + q);
                 bv = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
                                 __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
               }
             }
-            mma_bf16(acc[mt], a0[0], a1[0], a0[1], a1[1], bv.x, bv.y);
-            mma_bf16(acc[mt], a0[2], a1[2], a0[3], a1[3], bv.z, bv.w);
+            mma_bf16(acc[h][mt], a0[0], a1[0], a0[1], a1[1], bv.x, bv.y);
+            mma_bf16(acc[h][mt], a0[2], a1[2], a0[3], a1[3], bv.z, bv.w);
           }
         }
       }
     }
-    if (s0 + U * S < slabs) load(s0 + U * S, bt);
+    if (s0 + U * S < slabs) load(s0 + U * S);
   }
 
+  // The warps' partial sums meet in shared memory.
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
-    partial[warp][g][8 * mt + 2 * t] = acc[mt][0];
-    partial[warp][g][8 * mt + 2 * t + 1] = acc[mt][1];
-    partial[warp][g + 8][8 * mt + 2 * t] = acc[mt][2];
-    partial[warp][g + 8][8 * mt + 2 * t + 1] = acc[mt][3];
+    partial[warp][g][8 * mt + 2 * t] = acc[0][mt][0] + acc[1][mt][0];
+    partial[warp][g][8 * mt + 2 * t + 1] = acc[0][mt][1] + acc[1][mt][1];
+    partial[warp][g + 8][8 * mt + 2 * t] = acc[0][mt][2] + acc[1][mt][2];
+    partial[warp][g + 8][8 * mt + 2 * t + 1] = acc[0][mt][3] + acc[1][mt][3];
   }
   __syncthreads();
-  const float s_dec = __ldg(tensor_scale);
   for (int i = threadIdx.x; i < 16 * M; i += S * 32) {
     const int r = i & 15, m = i >> 4;
     if (n0 + r >= N) continue;
@@ -217,37 +229,54 @@ __global__ void __launch_bounds__(S * 32)
   }
 }
 
-template <int CB, int MT, int S>
-cudaError_t launch3(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
-                    float* y, int64_t N, int64_t blocks, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((N + 15) / 16)), block(S * 32);
-  // Staged activations share the default 48 KiB per block with the static arrays (no opt-in needed).
-  const size_t static_bytes = 256 * 4 + S * 16 * 8 * MT * 4;
-  const size_t staged = static_cast<size_t>(M) * (blocks * 2 + 1) * 16;
-  if (staged + static_bytes <= 48 * 1024) {
-    nvfp4_gemv_kernel<CB, MT, S, true><<<grid, block, staged, stream>>>(codes, scales, ts, x, y, M, N, blocks);
-  } else {
-    nvfp4_gemv_kernel<CB, MT, S, false><<<grid, block, 0, stream>>>(codes, scales, ts, x, y, M, N, blocks);
-  }
-  return cudaGetLastError();
+template <int CB, int MT, int S, bool XS, int U, bool PDL>
+cudaError_t launch_kernel(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
+                          float* y, int64_t N, int64_t blocks, size_t smem, cudaStream_t stream) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>((N + 15) / 16));
+  cfg.blockDim = dim3(S * 32);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = PDL ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel<CB, MT, S, XS, U, PDL>, codes, scales, ts, x, y, M, N, blocks);
 }
 
-template <int CB>
+// Configurations measured on an H200 (bench/nvfp4_gemv_variants.cu, bench/RESULTS.md). XS: staging pays for one or
+// two activation rows; larger batches read them through L1. The staged rows share the default 48 KiB per block with
+// the static arrays (no opt-in needed).
+template <int CB, int MT, int S, int U, bool PDL>
+cudaError_t launch3(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
+                    float* y, int64_t N, int64_t blocks, cudaStream_t stream) {
+  const size_t static_bytes = 256 * 4 + S * 16 * 8 * MT * 4;
+  const size_t staged = static_cast<size_t>(M) * (blocks * 2 + 1) * 16;
+  if (M <= 2 && staged + static_bytes <= 48 * 1024)
+    return launch_kernel<CB, MT, S, true, U, PDL>(M, codes, scales, ts, x, y, N, blocks, staged, stream);
+  return launch_kernel<CB, MT, S, false, U, PDL>(M, codes, scales, ts, x, y, N, blocks, 0, stream);
+}
+
+template <int CB, bool PDL>
 cudaError_t launch(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
                    float* y, int64_t N, int64_t blocks, cudaStream_t stream) {
-  // Enough warps per SM to keep HBM busy: a 16-warp K split when there are fewer row tiles than SMs (132 on H200).
-  const bool few_tiles = (N + 15) / 16 < 132;
-  if (M <= 8)
-    return few_tiles ? launch3<CB, 1, 16>(M, codes, scales, ts, x, y, N, blocks, stream)
-                     : launch3<CB, 1, 8>(M, codes, scales, ts, x, y, N, blocks, stream);
-  return few_tiles ? launch3<CB, 2, 16>(M, codes, scales, ts, x, y, N, blocks, stream)
-                   : launch3<CB, 2, 8>(M, codes, scales, ts, x, y, N, blocks, stream);
+  // Up to two row tiles per SM (132 SMs on an H200): a 16-warp K split keeps about 32 warps per SM busy. More
+  // tiles: 8 warps per CTA, with 4 steps per batch for one or two rows.
+  const bool few_tiles = (N + 15) / 16 <= 264;
+  if (M <= 8) {
+    if (few_tiles) return launch3<CB, 1, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream);
+    return M <= 2 ? launch3<CB, 1, 8, 4, PDL>(M, codes, scales, ts, x, y, N, blocks, stream)
+                  : launch3<CB, 1, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream);
+  }
+  return few_tiles ? launch3<CB, 2, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream)
+                   : launch3<CB, 2, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream);
 }
 
 }  // namespace
 
 std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x_in, float* y,
-                 int64_t M, int64_t N, int64_t blocks, void* stream_in) {
+                 int64_t M, int64_t N, int64_t blocks, void* stream_in, bool pdl) {
   if (M <= 0 || N <= 0) return "";
   if (reinterpret_cast<uintptr_t>(codes) % 8 != 0) return "codes pointer is not 8-byte aligned";
   if (reinterpret_cast<uintptr_t>(x_in) % 16 != 0) return "activation pointer is not 16-byte aligned";
@@ -259,9 +288,13 @@ std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tenso
   const int64_t ldx = blocks * 16;
   for (int64_t m0 = 0; m0 < M; m0 += 16) {
     const int mc = static_cast<int>(M - m0 < 16 ? M - m0 : 16);
-    const cudaError_t err =
-        vec16 ? launch<2>(mc, codes, scales, tensor_scale, x + m0 * ldx, y + m0 * N, N, blocks, stream)
-              : launch<1>(mc, codes, scales, tensor_scale, x + m0 * ldx, y + m0 * N, N, blocks, stream);
+    const __nv_bfloat16* xm = x + m0 * ldx;
+    float* ym = y + m0 * N;
+    const cudaError_t err = vec16
+                                ? (pdl ? launch<2, true>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream)
+                                       : launch<2, false>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream))
+                                : (pdl ? launch<1, true>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream)
+                                       : launch<1, false>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream));
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   return "";

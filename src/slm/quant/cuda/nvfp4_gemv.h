@@ -11,7 +11,11 @@ namespace slm::nvfp4::cuda {
 //   x      [M, blocks * 16] BF16 device, rows zero-padded, 16-byte aligned
 //   y      [M, N] float device
 // stream: a cudaStream_t (nullptr = the legacy default stream). Returns "" or the CUDA error text.
+// pdl: programmatic dependent launch. The kernel may start while the previous kernel on the stream still runs and
+// streams the weights (codes, scales) before that kernel has finished; x, tensor_scale and y are touched only after
+// it. Only for weights that no kernel just before writes, such as a model's weights after loading. Consecutive
+// GEMVs then overlap one's tail with the next one's weight loads.
 std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x, float* y,
-                 int64_t M, int64_t N, int64_t blocks, void* stream);
+                 int64_t M, int64_t N, int64_t blocks, void* stream, bool pdl);
 
 }  // namespace slm::nvfp4::cuda
