@@ -4,6 +4,9 @@
 // inputs: invalid UTF-8 (replaced by U+FFFD), U+2581 "▁" (its internal space marker) and NUL. This wrapper sends
 // those bytes straight to the byte-fallback ids <0xNN> and decodes every id from its own byte table.
 //
+// Encoding runs an exact re-implementation of sentencepiece's BPE (bpe_encoder.h) when the model allows it (every
+// model train_tokenizer makes does): the same ids as sentencepiece, 20-40x faster (bench/RESULTS.md).
+//
 // Special tokens are sentencepiece control symbols: they are never produced from text (a literal "<|user|>" in
 // a file encodes as ordinary pieces) and decode to nothing unless asked to render them.
 #include <cstdint>
@@ -20,6 +23,8 @@ class SentencePieceProcessor;
 
 namespace slm::data {
 
+class BpeEncoder;
+
 // The special tokens, in id order after <|pad|>=0 <|unk|>=1 <|bos|>=2 <|eos|>=3. docs/formats.md lists their use.
 const std::vector<std::string>& tokenizer_control_symbols();
 
@@ -32,6 +37,8 @@ class Tokenizer {
   ~Tokenizer();
 
   std::vector<uint32_t> encode(std::string_view text) const;
+  // The same ids computed by sentencepiece's own encoder (the reference for the fast encoder; benchmarks).
+  std::vector<uint32_t> encode_sentencepiece(std::string_view text) const;
   // Exact bytes of the ids. Specials decode to "" unless render_specials (then their names, e.g. "<|bos|>").
   // Throws slm::Error for ids outside the vocabulary.
   std::string decode(const std::vector<uint32_t>& ids, bool render_specials = false) const;
@@ -48,12 +55,15 @@ class Tokenizer {
 
  private:
   Tokenizer();
+  template <class EncodeSegment>
+  std::vector<uint32_t> encode_with(std::string_view text, EncodeSegment encode_segment) const;
   std::string name_;
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   std::vector<std::string> bytes_;  // per id: the exact bytes it decodes to
   std::vector<bool> special_;
   uint32_t byte_id_[256] = {};
   uint32_t pad_ = 0, bos_ = 0, eos_ = 0;
+  std::unique_ptr<BpeEncoder> fast_;  // null when the model needs sentencepiece's own encoder
 };
 
 struct TokenizerTrainOptions {
