@@ -54,6 +54,14 @@ TEST_F(DataParallelCli, TwoGlooProcessesMatchOneProcessOnTheSameGlobalBatch) {
   ASSERT_EQ(l2.size(), 8u) << "rank 0 alone writes metrics.jsonl, once per step";
   for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 1e-4 * std::abs(loss)) << "step " << step;
   EXPECT_LT(l1.at(8), l1.at(1));  // it trained
+  // The clip norm is the averaged gradient's: owned Muon parts and replicated AdamW parts summed over ranks.
+  std::map<int64_t, double> g1, g2;
+  for (const auto& j : read_metrics(one))
+    if (j.contains("grad_norm")) g1[j["step"]] = j["grad_norm"];
+  for (const auto& j : read_metrics(two))
+    if (j.contains("grad_norm")) g2[j["step"]] = j["grad_norm"];
+  ASSERT_EQ(g1.size(), 8u);
+  for (const auto& [step, g] : g1) EXPECT_NEAR(g2.at(step), g, 1e-4 * g) << "grad norm, step " << step;
 
   auto c1 = train::load_checkpoint(one), c2 = train::load_checkpoint(two);
   ASSERT_EQ(c1.model.size(), c2.model.size());

@@ -335,8 +335,7 @@ DataParallel::Reduced DataParallel::finish(double local_loss) {
   auto a = info.accessor<double, 1>();
   const double inv = 1.0 / world_;
 
-  auto sq_owned = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
-  auto sq_shared = sq_owned.clone();
+  std::vector<torch::Tensor> shared, owned;  // the averaged gradients, for the norm
   for (auto& b : s.buckets) {
     if (!b.muon) {
       for (size_t k = 0; k < b.params.size(); ++k) {
@@ -347,7 +346,7 @@ DataParallel::Reduced DataParallel::finish(double local_loss) {
           continue;
         }
         p.mutable_grad() = b.flat.narrow(0, b.offset[k], p.numel()).view(p.sizes()).mul(inv).to(p.device());
-        sq_shared += p.grad().to(torch::kDouble).pow(2).sum();
+        shared.push_back(b.flat.narrow(0, b.offset[k], p.numel()));
       }
       continue;
     }
@@ -362,11 +361,16 @@ DataParallel::Reduced DataParallel::finish(double local_loss) {
       if (m.owner != rank_ || a[static_cast<int64_t>(m.param)] == 0) continue;
       auto dst = s.opt->param(m.param).grad().reshape({-1, m.numel})[m.index];
       dst.copy_(b.chunk.narrow(0, m.offset, m.numel)).mul_(inv);
-      sq_owned += dst.to(torch::kDouble).pow(2).sum();
+      owned.push_back(b.chunk.narrow(0, m.offset, m.numel));
     }
   }
-  // AdamW gradients are the same on every rank: each contributes 1/world of their square.
-  auto sq = (sq_owned + sq_shared * inv).reshape({1});
+  // AdamW gradients are the same on every rank: each contributes 1/world of their square. One multi-tensor norm
+  // per list (of the sums, hence the inv^2) instead of a few kernels per tensor.
+  auto sum_sq = [&](const std::vector<torch::Tensor>& ts) {
+    if (ts.empty()) return torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
+    return torch::stack(at::_foreach_norm(ts)).to(torch::kDouble).pow(2).sum();
+  };
+  auto sq = ((sum_sq(owned) + sum_sq(shared) * inv) * (inv * inv)).reshape({1});
   {
     std::vector<at::Tensor> v{sq};
     s.pg->allreduce(v)->wait();

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -105,6 +106,12 @@ int launch_workers(int nproc, const std::vector<std::string>& args, double grace
       ::setenv("LOCAL_WORLD_SIZE", std::to_string(nproc).c_str(), 1);
       ::setenv("MASTER_ADDR", addr.c_str(), 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
+      // As torchrun: workers share the cores, so each gets its part for intra-op threads unless told otherwise.
+      if (std::getenv("OMP_NUM_THREADS") == nullptr)
+        ::setenv(
+            "OMP_NUM_THREADS",
+            std::to_string(std::max(1u, std::thread::hardware_concurrency() / static_cast<unsigned>(nproc))).c_str(),
+            1);
       std::vector<char*> argv;
       for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       argv.push_back(nullptr);
