@@ -36,16 +36,20 @@ void print_scores(const train::CheckpointEval& req, const train::CheckpointScore
                         {"batches", r.windows.batches},
                         {"tokenizer", r.tokenizer},
                         {"nvfp4_weights", r.nvfp4_weights},
+                        {"bf16_autocast", r.bf16},
                         {"all", score_json(r.all)}};
     j["domains"] = nlohmann::json::object();
     for (const auto& [d, s] : r.domains) j["domains"][d] = score_json(s);
     std::cout << j.dump(2) << "\n";
     return;
   }
-  std::printf("%s (recipe %s%s), %s split, windows of %lld tokens, up to %lld per domain, %s\n", r.weights.c_str(),
-              r.recipe.c_str(), r.step >= 0 ? (", step " + std::to_string(r.step)).c_str() : "", req.split.c_str(),
-              static_cast<long long>(r.windows.seq_len), static_cast<long long>(r.windows.batch * r.windows.batches),
-              r.nvfp4_weights > 0 ? (std::to_string(r.nvfp4_weights) + " weights in NVFP4").c_str() : "dense weights");
+  std::printf(
+      "%s (recipe %s%s), %s split, windows of %lld tokens, up to %lld per domain, %s\n", r.weights.c_str(),
+      r.recipe.c_str(), r.step >= 0 ? (", step " + std::to_string(r.step)).c_str() : "", req.split.c_str(),
+      static_cast<long long>(r.windows.seq_len), static_cast<long long>(r.windows.batch * r.windows.batches),
+      (r.nvfp4_weights > 0 ? std::to_string(r.nvfp4_weights) + " weights in NVFP4" : std::string("dense weights"))
+          .append(r.bf16 ? ", BF16 autocast" : "")
+          .c_str());
   std::printf("%-16s %10s %10s %10s %10s\n", "domain", "tokens", "loss", "ppl", "bpb");
   auto line = [](const std::string& name, const train::DomainScore& s) {
     char bpb[32] = "-";
@@ -83,6 +87,7 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   e->add_option("--device", q.device, "cpu or cuda")->capture_default_str();
   e->add_option("--threads", o->threads, "CPU threads (0: torch's default)")->capture_default_str();
+  e->add_flag("--bf16", q.bf16, "compute under BF16 autocast (as training on a GPU does); weights as loaded");
   e->add_flag("--json", o->json, "print JSON");
   e->callback([o] {
     if (o->threads > 0) torch::set_num_threads(o->threads);

@@ -155,6 +155,25 @@ TEST_F(EvalFixture, Nvfp4CheckpointScoresLikeItsDequantizedTwinAndCloseToTheDens
   }
 }
 
+TEST_F(EvalFixture, Bf16AutocastMovesTheLossSlightly) {
+  auto c = config("run", 20);
+  train::Trainer(c, log).run();
+  train::CheckpointEval req;
+  req.checkpoint = c.out;
+  auto fp32 = train::evaluate_checkpoint(req);
+  req.bf16 = true;
+  auto bf16 = train::evaluate_checkpoint(req);
+  EXPECT_TRUE(bf16.bf16);
+  for (const auto& [d, s] : fp32.domains) {
+    SCOPED_TRACE(d);
+    EXPECT_NE(bf16.domains.at(d).loss, s.loss) << "autocast changed nothing";
+    EXPECT_NEAR(bf16.domains.at(d).loss, s.loss, 0.01 * s.loss);
+  }
+  // Autocast is off again afterwards: FP32 numbers come back exactly.
+  req.bf16 = false;
+  EXPECT_EQ(train::evaluate_checkpoint(req).all.loss, fp32.all.loss);
+}
+
 TEST_F(EvalFixture, BadInputsAreClearErrors) {
   auto c = config("run", 2);
   train::Trainer(c, log).run();

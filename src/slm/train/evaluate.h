@@ -60,6 +60,7 @@ struct CheckpointEval {
   std::string tokenizer;                        // for bpb; "": the run's, else the one the shards name; "none": no bpb
   int64_t batch = 0, seq_len = 0, batches = 0;  // 0: the run's settings, else 8, the recipe's seq_len, 4
   std::string device = "cpu";
+  bool bf16 = false;  // forward under BF16 autocast (as training on a GPU computes), weights as loaded
 };
 
 struct CheckpointScores {
@@ -69,6 +70,7 @@ struct CheckpointScores {
   EvalWindows windows;
   std::string tokenizer;      // "" without bpb
   int64_t nvfp4_weights = 0;  // weights the model runs in NVFP4
+  bool bf16 = false;          // computed under BF16 autocast
   std::map<std::string, DomainScore> domains;
   DomainScore all;  // pooled()
 };
