@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "data_test_util.h"
 #include "slm/data/bpe_encoder.h"
@@ -99,38 +100,13 @@ TEST_P(FastEncoder, EqualsSentencePieceOnRandomBytesAndRandomUtf8) {
   }
   // Valid UTF-8 drawn from characters that sit at chunk boundaries: spaces, tabs, line ends, digits, punctuation,
   // letters, multi-byte characters (some in the vocabulary, some only as bytes).
-  const std::vector<std::string> alphabet = {" ",
-                                             "  ",
-                                             "\t",
-                                             "\n",
-                                             "\r\n",
-                                             "0",
-                                             "7",
-                                             "a",
-                                             "Z",
-                                             "_",
-                                             "x",
-                                             "(",
-                                             ")",
-                                             "{",
-                                             "}",
-                                             ";",
-                                             "/",
-                                             "*",
-                                             "#",
-                                             "<",
-                                             ">",
-                                             ":",
-                                             ".",
-                                             "\"",
-                                             "'",
-                                             "\xc3\xa9",
-                                             "\xce\xbb",
-                                             "\xe2\x86\x92",
-                                             "\xe4\xb8\xad",
-                                             "\xf0\x9f\x98\x80",
-                                             "\xe2\x96\x80",
-                                             "\xe2\x96\x82"};
+  // clang-format off
+  const std::vector<std::string> alphabet = {
+      " ", "  ", "\t", "\n", "\r\n", "0", "7", "a", "Z", "_", "x", "(", ")", "{", "}", ";", "/", "*", "#", "<", ">",
+      ":", ".", "\"", "'", "\x7f", "\x01",
+      "\xc3\xa9", "\xce\xbb", "\xe2\x86\x92", "\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\xe2\x96\x80", "\xe2\x96\x82",
+      "\xef\xbb\xbf", "\xef\xbf\xbe", "\xee\x80\x80", "\xf4\x8f\xbf\xbf"};  // BOM, U+FFFE, U+E000, U+10FFFF
+  // clang-format on
   for (int k = 0; k < 300; ++k) {
     std::string s;
     for (size_t n = rng() % 200; n > 0; --n) s += alphabet[rng() % alphabet.size()];
@@ -186,6 +162,21 @@ TEST_P(FastEncoder, ATinyChunkTableClearedManyTimesChangesNothing) {
     enc->encode(code, ids);
     ASSERT_EQ(ids, m.reference(code)) << "pass " << pass;
   }
+}
+
+TEST_P(FastEncoder, ThreadsSharingTheChunkTableGetTheSameIds) {
+  // One thread holds the table at a time; the others encode without it.
+  const auto& m = model(GetParam());
+  const std::string code = read_file(source_path("src/slm/data/corpus.cpp"));
+  const auto want = m.reference(code);
+  std::vector<int> wrong(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < 3; ++k) wrong[t] += m.tok.encode(code) != want;
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, FastEncoder, ::testing::Values(0, 1),
