@@ -68,7 +68,6 @@ void expect_decode_matches_forward(bool mimo) {
 
 TEST(Mamba3Hybrid, TinyHybridBuildsEveryLetter) {
   Recipe r = tiny_hybrid(false);
-  model::check_buildable(r, make_plan(r));
   model::HybridLM m(r);
   ASSERT_EQ(m.layers().size(), 12u);
   for (size_t i = 0; i < m.layers().size(); ++i) {

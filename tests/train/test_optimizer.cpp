@@ -350,8 +350,8 @@ TEST(AdamW, MatchesTorchOptimAdamW) {
   }
 }
 
-// Every parameter of every shipped recipe lands in exactly one group, by the rule in optimizer.h; where the
-// model can be built (on the meta device) the optimizer's own groups list every model parameter once.
+// Every parameter of every shipped recipe lands in exactly one group, by the rule in optimizer.h, and the
+// optimizer's own groups of the model built on the meta device list every model parameter once.
 TEST(OptimizerGroups, CoverEveryParameterOfEveryShippedRecipeOnce) {
   auto files = shipped_recipes();
   ASSERT_GE(files.size(), 16u);
@@ -381,11 +381,6 @@ TEST(OptimizerGroups, CoverEveryParameterOfEveryShippedRecipeOnce) {
     for (const auto& [g, n] : numel_by_group) sum += n;
     EXPECT_EQ(sum, acc.stored) << f;
 
-    try {
-      model::check_buildable(r, make_plan(r));
-    } catch (const Error&) {
-      continue;  // features the model does not build yet (mHC, MLA, ...): the accounting check above covers it
-    }
     ++built;
     model::HybridLM m(r, torch::TensorOptions().device(torch::kMeta));
     Optimizer opt(m, OptimizerConfig{});
@@ -403,7 +398,7 @@ TEST(OptimizerGroups, CoverEveryParameterOfEveryShippedRecipeOnce) {
     for (const auto& p : m.named_parameters()) EXPECT_NE(table.find(p.key()), std::string::npos) << p.key();
     EXPECT_NE(table.find(human_count(acc.stored)), std::string::npos) << table;
   }
-  EXPECT_GE(built, 3);  // tiny-ae, tiny-hybrid, hybrid-250m at least
+  EXPECT_EQ(built, static_cast<int>(files.size()));
 }
 
 TEST(OptimizerState, RoundTripGivesBitwiseIdenticalNextSteps) {

@@ -11,7 +11,6 @@ namespace slm::model {
 
 HybridLM::HybridLM(const Recipe& recipe, const torch::TensorOptions& options)
     : recipe_(recipe), plan_(make_plan(recipe)) {
-  check_buildable(recipe_, plan_);
   const int64_t d = recipe_.d_model, depth = static_cast<int64_t>(plan_.layers.size());
   embed = register_module("embed", Embedding(recipe_.vocab_size, d, options));
 
