@@ -39,7 +39,9 @@ struct DemoOptions {
   int threads = 0;
 };
 
-bool exists(const std::string& p) { return ::access(p.c_str(), F_OK) == 0; }
+bool exists(const std::string& p) {
+  return ::access(p.c_str(), F_OK) == 0;
+}
 
 std::atomic<bool> g_demo_stop{false};
 extern "C" void on_demo_signal(int sig) {
@@ -68,8 +70,10 @@ void run_demo(const DemoOptions& o) {
   co.max_bytes_per_domain = static_cast<uint64_t>(o.corpus_mb * 1e6);
   co.validation_fraction = 0.02;
   co.test_fraction = 0.02;
-  if (exists(o.eval)) co.eval_jsonl = o.eval;
-  else std::cerr << "note: " << o.eval << " not found: the demo corpus is not decontaminated against it\n";
+  if (exists(o.eval))
+    co.eval_jsonl = o.eval;
+  else
+    std::cerr << "note: " << o.eval << " not found: the demo corpus is not decontaminated against it\n";
   std::unique_ptr<ProgressBar> bar;
   std::string phase;
   auto report = data::build_corpus(co, [&](const std::string& ph, uint64_t done, uint64_t total) {
@@ -124,28 +128,11 @@ void run_demo(const DemoOptions& o) {
   model::HybridLM m(recipe);
   model::load_weights(m, model::weights_path(train::latest_checkpoint(tc.out)));
   m.eval();
-  std::vector<int64_t> prompt = {static_cast<int64_t>(tok.bos_id())};
-  for (uint32_t id : tok.encode(o.prompt)) prompt.push_back(id);
   model::GenerationOptions go;
   go.max_tokens = o.max_tokens;
   go.sampling = {0.7, 40, 0.95, 1};
-  go.banned = torch::zeros({recipe.vocab_size}, torch::kBool);
-  for (int64_t id = 0; id < recipe.vocab_size; ++id)
-    if (id >= tok.vocab_size() || (tok.is_special(static_cast<uint32_t>(id)) && id != tok.eos_id()))
-      go.banned[id] = true;
-  go.stop_id = tok.eos_id();
   std::cout << "----- prompt -----\n" << o.prompt << "----- completion -----\n";
-  std::vector<uint32_t> pending;
-  model::generate(m, prompt, go, [&](int64_t id) {
-    // Byte-fallback ids can split a UTF-8 character: print whole characters only.
-    pending.push_back(static_cast<uint32_t>(id));
-    std::string text = tok.decode(pending);
-    if (text.empty() || (static_cast<unsigned char>(text.back()) & 0xC0) != 0x80) {
-      std::cout << text << std::flush;
-      pending.clear();
-    }
-    return true;
-  });
+  model::generate_text(m, tok, o.prompt, go, [](const std::string& text) { std::cout << text << std::flush; });
   std::cout << "\n----- end -----\n";
   std::cerr << "checkpoint: " << tc.out << " (slm train --resume " << tc.out << " --steps N continues it)\n";
 }
@@ -155,8 +142,9 @@ void run_demo(const DemoOptions& o) {
 void add_demo_command(CLI::App& app) {
   auto o = std::make_shared<DemoOptions>();
   auto* d = app.add_subcommand(
-      "demo", "The first main job: build a small C++ corpus from installed headers, train the tiny hybrid recipe on "
-              "the CPU for a few minutes, plot the loss and complete a C++ prompt");
+      "demo",
+      "The first main job: build a small C++ corpus from installed headers, train the tiny hybrid recipe on "
+      "the CPU for a few minutes, plot the loss and complete a C++ prompt");
   d->add_option("--out", o->out, "demo directory (replaced on each run)")->capture_default_str();
   d->add_option("--recipe", o->recipe, "recipe to train")->capture_default_str();
   d->add_option("--tokenizer", o->tokenizer, "tokenizer whose vocabulary fits the recipe")->capture_default_str();

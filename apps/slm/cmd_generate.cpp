@@ -1,7 +1,9 @@
 #include <torch/torch.h>
+#include <unistd.h>
 
 #include <iostream>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "slm/data/byte_tokenizer.h"
@@ -9,7 +11,10 @@
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/sampler.h"
 #include "slm/model/weights.h"
+#include "slm/train/checkpoint.h"
+#include "slm/train/evaluate.h"
 #include "slm/util/error.h"
+#include "slm/util/files.h"
 
 namespace slm::cli {
 
@@ -18,6 +23,7 @@ namespace {
 struct GenerateOptions {
   std::string recipe;
   std::string checkpoint;
+  std::string tokenizer;
   std::string prompt;
   int64_t max_tokens = 64;
   uint64_t seed = 0;
@@ -27,13 +33,38 @@ struct GenerateOptions {
   bool stop_at_eos = false;
 };
 
-void run_generate(const GenerateOptions& o) {
+// The tokenizer a training checkpoint was trained with: its run's --tokenizer, else the one its shards name
+// (meta.json beside the weights); "" when unknown (then the byte tokenizer).
+std::string checkpoint_tokenizer(const std::string& checkpoint) {
+  const std::string weights = model::weights_path(checkpoint);
+  const std::string meta_path = weights.substr(0, weights.find_last_of('/') + 1) + "meta.json";
+  if (weights.find('/') == std::string::npos || ::access(meta_path.c_str(), R_OK) != 0) return "";
+  auto meta = nlohmann::json::parse(read_file(meta_path), nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object() || !meta.contains("config") || !meta["config"].is_object()) return "";
+  const auto& cfg = meta["config"];
+  const std::string named = cfg.value("tokenizer", "");
+  if (named == "none") return "";
+  if (!named.empty()) return named;
+  try {
+    auto sources = train::split_sources(cfg.value("data", ""), "train", {});
+    return sources.empty() ? "" : train::shard_tokenizer(sources.front().shards.front());
+  } catch (const Error&) {
+    return "";  // the shards moved: fall back
+  }
+}
+
+void run_generate(GenerateOptions o) {
   Recipe r = load_recipe(o.recipe);
-  data::ByteTokenizer tok;
-  if (r.vocab_size < data::ByteTokenizer::kVocabSize)
+  if (!o.checkpoint.empty())  // a run directory means its latest checkpoint
+    if (auto latest = train::latest_checkpoint(o.checkpoint); !latest.empty()) o.checkpoint = latest;
+  if (o.max_tokens < 1) throw Error("--max-tokens must be at least 1");
+  std::string tokenizer = o.tokenizer;
+  if (tokenizer.empty() && !o.checkpoint.empty()) tokenizer = checkpoint_tokenizer(o.checkpoint);
+  const bool bytes = tokenizer.empty() || tokenizer == "byte";
+  if (bytes && r.vocab_size < data::ByteTokenizer::kVocabSize)
     throw Error(o.recipe + ": vocab_size " + std::to_string(r.vocab_size) + " is smaller than the byte tokenizer's " +
                 std::to_string(data::ByteTokenizer::kVocabSize) + " ids");
-  if (o.max_tokens < 1) throw Error("--max-tokens must be at least 1");
+  std::cerr << "slm: tokenizer " << (bytes ? "byte-level" : tokenizer) << "\n";
   torch::manual_seed(o.seed);
   model::HybridLM m(r);
   m.eval();
@@ -46,20 +77,27 @@ void run_generate(const GenerateOptions& o) {
     if (!quantized.empty())
       std::cerr << "slm: NVFP4 checkpoint: " << quantized.size() << " weights run in NVFP4, dequantized on the fly\n";
   }
-
-  // Only byte ids and EOS are valid outputs: BOS, PAD and ids past the tokenizer never are.
   model::GenerationOptions go;
   go.max_tokens = o.max_tokens;
   go.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
-  go.banned = torch::ones({r.vocab_size}, torch::kBool);
-  go.banned.narrow(0, 0, 256).fill_(false);
-  go.banned[data::ByteTokenizer::kEos] = false;
-  if (o.stop_at_eos) go.stop_id = data::ByteTokenizer::kEos;
-  auto prompt = tok.encode(o.prompt, /*add_bos=*/true);
-  auto ids = model::generate(m, std::vector<int64_t>(prompt.begin(), prompt.end()), go, [&](int64_t id) {
-    std::cout << tok.display(id) << std::flush;
-    return true;
-  });
+
+  std::vector<int64_t> ids;
+  if (!bytes) {
+    auto tok = data::Tokenizer::load(tokenizer);
+    ids = model::generate_text(m, tok, o.prompt, go, [](const std::string& t) { std::cout << t << std::flush; });
+  } else {
+    // Only byte ids and EOS are valid outputs: BOS, PAD and ids past the tokenizer never are.
+    data::ByteTokenizer tok;
+    go.banned = torch::ones({r.vocab_size}, torch::kBool);
+    go.banned.narrow(0, 0, 256).fill_(false);
+    go.banned[data::ByteTokenizer::kEos] = false;
+    if (o.stop_at_eos) go.stop_id = data::ByteTokenizer::kEos;
+    auto prompt = tok.encode(o.prompt, /*add_bos=*/true);
+    ids = model::generate(m, std::vector<int64_t>(prompt.begin(), prompt.end()), go, [&](int64_t id) {
+      std::cout << tok.display(id) << std::flush;
+      return true;
+    });
+  }
   std::cout << "\n";
   std::cerr << "slm: generated " << ids.size() << " tokens:";
   for (int64_t id : ids) std::cerr << " " << id;
@@ -71,19 +109,22 @@ void run_generate(const GenerateOptions& o) {
 void add_generate_command(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   auto* g = app.add_subcommand("generate",
-                               "Generate text from a prompt with the byte-level tokenizer; without --checkpoint the "
-                               "weights are random (seeded)");
-  g->add_option("--recipe", o->recipe, "recipe JSON file (vocab_size >= 259)")->required();
+                               "Generate text from a prompt with the checkpoint's code tokenizer (or the byte-level "
+                               "one); without --checkpoint the weights are random (seeded)");
+  g->add_option("--recipe", o->recipe, "recipe JSON file (vocab_size >= 259 for the byte-level tokenizer)")->required();
   g->add_option("--checkpoint", o->checkpoint,
-                "weights: a safetensors file or a checkpoint directory holding model.safetensors (BF16/FP32, "
-                "or NVFP4 from `slm quantize`)");
+                "weights: a safetensors file, a checkpoint directory holding model.safetensors (BF16/FP32, "
+                "or NVFP4 from `slm quantize`) or a run directory (its latest checkpoint)");
+  g->add_option("--tokenizer", o->tokenizer,
+                "tokenizer .model, or 'byte' (default: the one the checkpoint was trained with, else byte-level)");
   g->add_option("--prompt", o->prompt, "prompt text")->required();
   g->add_option("--max-tokens", o->max_tokens, "tokens to generate")->capture_default_str();
   g->add_option("--seed", o->seed, "seed of the weight init and of the sampler")->capture_default_str();
   g->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
   g->add_option("--top-k", o->top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
   g->add_option("--top-p", o->top_p, "sample from the smallest set with this much mass")->capture_default_str();
-  g->add_flag("--stop-at-eos", o->stop_at_eos, "stop when <eos> is sampled");
+  g->add_flag("--stop-at-eos", o->stop_at_eos,
+              "byte-level: stop when <eos> is sampled (the code tokenizer always does)");
   g->callback([o] { run_generate(*o); });
 }
 

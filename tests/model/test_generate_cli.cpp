@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "model_test_util.h"
+#include "slm/data/tokenizer.h"
 #include "slm/recipe/accounting.h"
 
 using namespace slm::test;
@@ -66,6 +67,32 @@ TEST(GenerateCli, PrintsSixteenTokensDeterministically) {
               " --prompt \"int main(\" --max-tokens 16 --seed 1 --temperature 0");
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_EQ(generated_ids(c.err).size(), 16u);
+}
+
+// With the code tokenizer the printed text is exactly the decoding of the printed ids, and no special other than
+// <eos> is ever sampled.
+TEST(GenerateCli, CodeTokenizerPrintsTheDecodedIds) {
+  const std::string model = source_path("tokenizer/slm-code-512.model");
+  auto a = run("generate --recipe " + source_path("recipes/tiny-hybrid.json") + " --tokenizer " + model +
+               " --prompt \"int main(\" --max-tokens 24 --seed 3");
+  ASSERT_EQ(a.code, 0) << a.err;
+  EXPECT_NE(a.err.find("slm-code-512.model"), std::string::npos) << a.err;
+  auto ids = generated_ids(a.err);
+  ASSERT_FALSE(ids.empty()) << a.err;
+  ASSERT_LE(ids.size(), 24u);
+  auto tok = slm::data::Tokenizer::load(model);
+  std::vector<uint32_t> text_ids;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_LT(ids[i], static_cast<long long>(tok.vocab_size()));
+    const auto id = static_cast<uint32_t>(ids[i]);
+    if (id == tok.eos_id()) {
+      EXPECT_EQ(i + 1, ids.size()) << "generation goes on after <eos>";
+      continue;
+    }
+    EXPECT_FALSE(tok.is_special(id)) << id;
+    text_ids.push_back(id);
+  }
+  EXPECT_EQ(a.out, tok.decode(text_ids) + "\n");
 }
 
 TEST(GenerateCli, RunsTheEveryFeatureRecipe) {

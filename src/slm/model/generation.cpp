@@ -34,4 +34,29 @@ std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& promp
   return out;
 }
 
+std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tok, const std::string& prompt,
+                                   GenerationOptions o, const std::function<void(const std::string&)>& on_text) {
+  const int64_t vocab = model.recipe().vocab_size;
+  if (static_cast<int64_t>(tok.vocab_size()) > vocab)
+    throw Error("generate: the tokenizer's " + std::to_string(tok.vocab_size()) +
+                " ids do not fit the recipe's vocabulary of " + std::to_string(vocab));
+  std::vector<int64_t> ids = {static_cast<int64_t>(tok.bos_id())};
+  for (uint32_t id : tok.encode(prompt)) ids.push_back(id);
+  o.banned = torch::zeros({vocab}, torch::kBool);
+  for (int64_t id = 0; id < vocab; ++id)
+    if (id >= static_cast<int64_t>(tok.vocab_size()) ||
+        (tok.is_special(static_cast<uint32_t>(id)) && id != static_cast<int64_t>(tok.eos_id())))
+      o.banned[id] = true;
+  o.stop_id = tok.eos_id();
+  std::vector<uint32_t> pending;
+  return generate(model, ids, o, [&](int64_t id) {
+    pending.push_back(static_cast<uint32_t>(id));
+    std::string text = tok.decode(pending);
+    if (!text.empty() && (static_cast<unsigned char>(text.back()) & 0xC0) == 0x80) return true;  // mid-character
+    if (on_text && !text.empty()) on_text(text);
+    pending.clear();
+    return true;
+  });
+}
+
 }  // namespace slm::model

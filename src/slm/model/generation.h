@@ -4,8 +4,10 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
+#include "slm/data/tokenizer.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/sampler.h"
 
@@ -22,5 +24,11 @@ struct GenerationOptions {
 // Returns the generated ids (the prompt excluded).
 std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& prompt, const GenerationOptions& options,
                               const std::function<bool(int64_t)>& on_token = {});
+
+// Text in, text out with the code tokenizer: the prompt becomes BOS + its ids; specials other than EOS and ids past
+// the tokenizer's vocabulary are never sampled; generation stops at EOS. on_text receives whole UTF-8 characters
+// as they complete (byte-fallback ids can split one). options.banned and stop_id are set here.
+std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tokenizer, const std::string& prompt,
+                                   GenerationOptions options, const std::function<void(const std::string&)>& on_text);
 
 }  // namespace slm::model
