@@ -53,7 +53,6 @@ struct Bucket {
   int64_t elements = 0;          // AdamW: flat's size; Muon: one rank's chunk (flat holds world chunks)
   torch::Tensor flat, chunk;
   size_t pending = 0;
-  bool launched = false;
   c10::intrusive_ptr<c10d::Work> work;
 };
 
@@ -124,7 +123,6 @@ struct DataParallel::Impl {
       std::vector<at::Tensor> v{b.flat};
       b.work = pg->allreduce(v);
     }
-    b.launched = true;
   }
 
   // Buckets go out strictly in order, so every rank issues the same sequence of collectives.
@@ -296,7 +294,6 @@ void DataParallel::arm() {
   std::lock_guard<std::mutex> lock(s.mu);
   for (auto& b : s.buckets) {
     b.pending = b.params.size();
-    b.launched = false;
   }
   std::fill(s.got.begin(), s.got.end(), 0);
   s.next_launch = 0;
