@@ -149,19 +149,6 @@ __device__ __forceinline__ void stage_inputs(uint32_t* scale_lut, uint4* xs, int
   }
 }
 
-// The warps' accumulators -> partial[warp][row][batch].
-template <int MT, int W>
-__device__ __forceinline__ void store_partials(float (&partial)[W][16][8 * MT], const float (&acc)[2][MT][4], int warp,
-                                               int g, int t) {
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    partial[warp][g][8 * mt + 2 * t] = acc[0][mt][0] + acc[1][mt][0];
-    partial[warp][g][8 * mt + 2 * t + 1] = acc[0][mt][1] + acc[1][mt][1];
-    partial[warp][g + 8][8 * mt + 2 * t] = acc[0][mt][2] + acc[1][mt][2];
-    partial[warp][g + 8][8 * mt + 2 * t + 1] = acc[0][mt][3] + acc[1][mt][3];
-  }
-}
-
 // Sums the warps' partials of tile n0 and writes y; with a split, into the cluster leader's split_sums instead. Call
 // after the partials are visible to the calling threads, and before a split's cluster barrier (the leader must not
 // be written to before every CTA of the cluster has started: barrier.cluster.arrive at entry, wait here).

@@ -83,6 +83,19 @@ __device__ __forceinline__ uint32_t load_scales(const uint8_t* p) {
     return __ldg(p);
 }
 
+// The warps' accumulators (two chains each) -> partial[warp][row][batch].
+template <int MT, int W>
+__device__ __forceinline__ void store_partials(float (&partial)[W][16][8 * MT], const float (&acc)[2][MT][4], int warp,
+                                               int g, int t) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    partial[warp][g][8 * mt + 2 * t] = acc[0][mt][0] + acc[1][mt][0];
+    partial[warp][g][8 * mt + 2 * t + 1] = acc[0][mt][1] + acc[1][mt][1];
+    partial[warp][g + 8][8 * mt + 2 * t] = acc[0][mt][2] + acc[1][mt][2];
+    partial[warp][g + 8][8 * mt + 2 * t + 1] = acc[0][mt][3] + acc[1][mt][3];
+  }
+}
+
 // One thread's share of U steps: codes and scale bytes of rows g and g + 8.
 template <int CB, int U>
 struct Batch {
@@ -211,13 +224,7 @@ __global__ void __launch_bounds__(S * 32)
   }
 
   // The warps' partial sums meet in shared memory.
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    partial[warp][g][8 * mt + 2 * t] = acc[0][mt][0] + acc[1][mt][0];
-    partial[warp][g][8 * mt + 2 * t + 1] = acc[0][mt][1] + acc[1][mt][1];
-    partial[warp][g + 8][8 * mt + 2 * t] = acc[0][mt][2] + acc[1][mt][2];
-    partial[warp][g + 8][8 * mt + 2 * t + 1] = acc[0][mt][3] + acc[1][mt][3];
-  }
+  store_partials<MT, S>(partial, acc, warp, g, t);
   __syncthreads();
   for (int i = threadIdx.x; i < 16 * M; i += S * 32) {
     const int r = i & 15, m = i >> 4;
