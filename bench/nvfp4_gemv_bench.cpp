@@ -30,6 +30,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include "gpu_graph_timer.h"
 #include "gpu_read_bandwidth.h"
 #include "slm/quant/cuda/nvfp4_gemv.h"
 #endif
@@ -159,38 +160,7 @@ T* device_copy(const void* host, size_t bytes) {
   return static_cast<T*>(d);
 }
 
-// Seconds per launch: `per_graph` launches (enqueue(i), rotating copies) are captured into a CUDA graph, which is
-// replayed until min_time has passed.
-template <class F>
-double time_graph(cudaStream_t stream, int per_graph, F&& enqueue, double min_time) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < per_graph; ++i) enqueue(i);
-  CK(cudaStreamEndCapture(stream, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  CK(cudaGraphLaunch(exec, stream));  // warm-up
-  CK(cudaStreamSynchronize(stream));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  int reps = 1;
-  float ms = 0;
-  for (;;) {
-    CK(cudaEventRecord(a, stream));
-    for (int r = 0; r < reps; ++r) CK(cudaGraphLaunch(exec, stream));
-    CK(cudaEventRecord(b, stream));
-    CK(cudaEventSynchronize(b));
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (ms * 1e-3 >= min_time || reps >= (1 << 16)) break;
-    reps *= 2;
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  return ms * 1e-3 / (static_cast<double>(reps) * per_graph);
-}
+using slm::bench::time_graph;
 
 // Read bandwidth (what the GEMV needs): a streaming 16-byte-load kernel over two 1 GiB buffers in turn.
 double gpu_bandwidth(cudaStream_t stream) {

@@ -20,6 +20,7 @@
 #include <random>
 #include <vector>
 
+#include "../bench/gpu_graph_timer.h"
 #include "../bench/gpu_read_bandwidth.cu"
 #include "../src/slm/quant/cuda/nvfp4_gemv.cu"
 
@@ -428,37 +429,7 @@ void ck(cudaError_t e, const char* what, int line) {
 }
 #define CK(x) ck((x), #x, __LINE__)
 
-// Seconds per launch: per_graph launches captured into a graph, replayed until min_time has passed.
-template <class F>
-double time_graph(cudaStream_t st, int per_graph, F&& enqueue, double min_time = 0.15) {
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < per_graph; ++i) enqueue(i);
-  CK(cudaStreamEndCapture(st, &graph));
-  CK(cudaGraphInstantiate(&exec, graph, 0));
-  CK(cudaGraphLaunch(exec, st));
-  CK(cudaStreamSynchronize(st));
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  int reps = 1;
-  float ms = 0;
-  for (;;) {
-    CK(cudaEventRecord(a, st));
-    for (int r = 0; r < reps; ++r) CK(cudaGraphLaunch(exec, st));
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    CK(cudaEventElapsedTime(&ms, a, b));
-    if (ms * 1e-3 >= min_time || reps >= (1 << 16)) break;
-    reps *= 2;
-  }
-  CK(cudaEventDestroy(a));
-  CK(cudaEventDestroy(b));
-  CK(cudaGraphExecDestroy(exec));
-  CK(cudaGraphDestroy(graph));
-  return ms * 1e-3 / (static_cast<double>(reps) * per_graph);
-}
+using slm::bench::time_graph;
 
 double e2m1(int c) {
   static const double v[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
@@ -564,7 +535,7 @@ void run_variant(const char* name, Problem& p, int M, cudaStream_t st, double bw
     CK(cudaGetLastError());
     err = max_error(p, M, check_step);
   }
-  const double t1 = time_graph(st, 64, enqueue), t2 = time_graph(st, 64, enqueue);
+  const double t1 = time_graph(st, 64, enqueue, 0.15), t2 = time_graph(st, 64, enqueue, 0.15);
   const double t = std::min(t1, t2);
   std::printf("%-24s %6lld x %6lld M %2d | %7.2f us (%7.2f) %6.0f GB/s %5.1f%% |", name, static_cast<long long>(p.N),
               static_cast<long long>(p.K), M, t * 1e6, std::max(t1, t2) * 1e6, p.bytes() / t / 1e9,
@@ -663,7 +634,8 @@ int main() {
   {
     float* y;
     CK(cudaMalloc(&y, 4));
-    const double t = time_graph(st, 64, [&](int) { empty_kernel<<<264, 256, 0, st>>>(y); });
+    const double t = time_graph(
+        st, 64, [&](int) { empty_kernel<<<264, 256, 0, st>>>(y); }, 0.15);
     std::printf("empty kernel in a graph: %.2f us per launch\n\n", t * 1e6);
     CK(cudaFree(y));
   }
