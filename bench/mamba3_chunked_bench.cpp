@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "median_timer.h"
 #include "slm/model/layers/mamba3.h"
 #include "slm/ops/mamba3_scan.h"
 #include "slm/recipe/recipe.h"
@@ -18,17 +19,7 @@
 
 namespace {
 
-double median_ms(const std::function<void()>& fn, int reps) {
-  fn();  // warm-up: allocator and kernel caches
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    auto start = std::chrono::steady_clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
+using slm::bench::median_ms;
 
 }  // namespace
 
@@ -45,9 +36,9 @@ int main(int argc, char** argv) {
     const auto& m = *recipe.mamba3;
     const int64_t h = layer.heads, p = layer.headdim, n = layer.d_state, r = layer.rank, g = layer.groups;
     const int64_t s = layer.angles;
-    slm::ops::Mamba3Projections proj{torch::randn({batch, tokens, h, p}), torch::randn({batch, tokens, r, g, n}),
+    slm::ops::Mamba3Projections proj{torch::randn({batch, tokens, h, p}),    torch::randn({batch, tokens, r, g, n}),
                                      torch::randn({batch, tokens, r, g, n}), torch::randn({batch, tokens, h}),
-                                     torch::randn({batch, tokens, h}),     torch::randn({batch, tokens, h}),
+                                     torch::randn({batch, tokens, h}),       torch::randn({batch, tokens, h}),
                                      torch::randn({batch, tokens, s})};
     auto state = layer.zero_state(batch);
     auto seq = slm::ops::mamba3_preprocess(proj, layer.weights(), state.angle);

@@ -14,26 +14,12 @@
 #include <string>
 #include <vector>
 
+#include "median_timer.h"
 #include "slm/train/muon.h"
 
 namespace {
 
-double median_ms(const std::function<void()>& fn, int reps, const torch::Device& device) {
-  auto sync = [&] {
-    if (device.is_cuda()) torch::cuda::synchronize();
-  };
-  fn();  // warm-up
-  sync();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    auto start = std::chrono::steady_clock::now();
-    fn();
-    sync();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
+using slm::bench::median_ms;
 
 }  // namespace
 
@@ -56,13 +42,14 @@ int main(int argc, char** argv) {
     auto a32 = torch::randn({batch, m, n}, device), b32 = torch::randn({batch, n, m}, device);
     auto a16 = a32.to(torch::kBFloat16), b16 = b32.to(torch::kBFloat16);
     torch::Tensor sink;
-    const double ns16 = median_ms(
-        [&] { sink = slm::train::newton_schulz(g, 5, slm::train::NsCoefficients::PolarExpress); }, reps, device);
+    const double ns16 =
+        median_ms([&] { sink = slm::train::newton_schulz(g, 5, slm::train::NsCoefficients::PolarExpress); }, reps,
+                  device.is_cuda());
     const double ns32 = median_ms(
         [&] { sink = slm::train::newton_schulz(g, 5, slm::train::NsCoefficients::PolarExpress, torch::kFloat); }, reps,
-        device);
-    const double mm16 = median_ms([&] { sink = torch::bmm(a16, b16); }, reps, device);
-    const double mm32 = median_ms([&] { sink = torch::bmm(a32, b32); }, reps, device);
+        device.is_cuda());
+    const double mm16 = median_ms([&] { sink = torch::bmm(a16, b16); }, reps, device.is_cuda());
+    const double mm32 = median_ms([&] { sink = torch::bmm(a32, b32); }, reps, device.is_cuda());
     const double flops_ratio = 5.0 * (4.0 * m * m * n + 2.0 * m * m * m) / (2.0 * m * m * n);
     std::string name;
     for (size_t i = 0; i < shape.size(); ++i) name += (i ? "x" : "") + std::to_string(shape[i]);

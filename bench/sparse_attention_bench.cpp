@@ -13,28 +13,14 @@
 #include <string>
 #include <vector>
 
+#include "median_timer.h"
 #include "slm/model/layers/dsa_indexer.h"
 #include "slm/ops/attention.h"
 #include "slm/ops/sparse_attention.h"
 
 namespace {
 
-double median_ms(const std::function<void()>& fn, int reps, bool cuda) {
-  auto sync = [&] {
-    if (cuda) torch::cuda::synchronize();
-  };
-  fn();
-  sync();
-  std::vector<double> ms;
-  for (int i = 0; i < reps; ++i) {
-    auto start = std::chrono::steady_clock::now();
-    fn();
-    sync();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
+using slm::bench::median_ms;
 
 struct Case {
   const char* name;
