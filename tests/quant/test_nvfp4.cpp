@@ -437,3 +437,35 @@ TEST(Nvfp4Layout, ValidateRejectsInconsistentBuffers) {
   b.codes = q.codes.to(torch::kInt);
   expect_bad(b, "dtype");
 }
+
+// block_values against the float64 field definitions of every code and scale byte (padding included), exact in
+// BF16, and dequantize = block_values * s_dec bit for bit; stacked experts use their own matrix's tensor scale.
+TEST(Nvfp4Layout, BlockValuesAreExactProductsOfCodesAndBlockScales) {
+  torch::manual_seed(31);
+  for (std::vector<int64_t> shape : std::vector<std::vector<int64_t>>{{9, 37}, {3, 4, 50}, {21}, {2, 256}}) {
+    SCOPED_TRACE(::testing::Message() << "shape rank " << shape.size() << " K " << shape.back());
+    torch::Tensor x = torch::randn(shape) * torch::exp(2 * torch::randn(shape));
+    nv::QTensor q = nv::quantize(x);
+    const int64_t rows = q.rows(), kp = q.k_padded(), K = q.k(), blocks = q.blocks_per_row();
+    torch::Tensor v = nv::block_values(q);
+    ASSERT_EQ(v.sizes(), (std::vector<int64_t>{rows, kp}));
+    ASSERT_EQ(v.scalar_type(), torch::kFloat);
+    auto codes = bytes_of(q.codes), scales = bytes_of(q.scales);
+    auto va = v.accessor<float, 2>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < kp; ++k) {
+        const uint8_t byte = codes[r * kp / 2 + k / 2];
+        const double want =
+            ref::e2m1_value((k & 1) ? byte >> 4 : byte & 15) * ref::e4m3_value(scales[r * blocks + k / 16]);
+        ASSERT_EQ(static_cast<double>(va[r][k]), want) << "row " << r << " element " << k;
+        if (k >= K) ASSERT_EQ(va[r][k], 0.0f) << "padding";
+      }
+    EXPECT_TRUE(torch::equal(v.to(torch::kBFloat16).to(torch::kFloat), v));
+    const int64_t rpm = q.rows_per_matrix();
+    torch::Tensor d = nv::dequantize(q, torch::kFloat).reshape({rows, K});
+    auto da = d.accessor<float, 2>();
+    const float* tsp = q.tensor_scale.data_ptr<float>();
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t k = 0; k < K; ++k) ASSERT_EQ(da[r][k], va[r][k] * tsp[r / rpm]) << "row " << r << " element " << k;
+  }
+}

@@ -84,11 +84,13 @@ TEST(Nvfp4LinearCuda, MatchesDequantizeThenMatmul) {
   struct Case {
     int64_t M, N, K;
   };
-  // Even and odd block counts (16-byte and 8-byte load paths), ragged K and N, batches 1..16 and beyond, and more
-  // than 264 row tiles (the launcher's 8-warp configuration).
-  std::vector<Case> cases = {{1, 1, 16},     {1, 4096, 4096}, {1, 1000, 4112}, {2, 33, 37},    {3, 257, 1000},
-                             {4, 64, 11008}, {7, 130, 48},    {8, 1024, 4096}, {16, 300, 160}, {16, 77, 513},
-                             {19, 65, 96},   {1, 4300, 160},  {3, 4313, 256},  {12, 4500, 48}};
+  // Even and odd block counts (16-byte and 8-byte load paths), ragged K and N, batches 1..16 (the GEMV) and more
+  // than 264 row tiles (the launcher's 8-warp configuration); from 17 rows the BF16 GEMM path, ragged shapes and
+  // prefill-sized batches included.
+  std::vector<Case> cases = {{1, 1, 16},     {1, 4096, 4096},  {1, 1000, 4112},  {2, 33, 37},      {3, 257, 1000},
+                             {4, 64, 11008}, {7, 130, 48},     {8, 1024, 4096},  {16, 300, 160},   {16, 77, 513},
+                             {19, 65, 96},   {1, 4300, 160},   {3, 4313, 256},   {12, 4500, 48},   {17, 1, 16},
+                             {17, 77, 513},  {64, 1024, 4096}, {300, 257, 1000}, {2048, 512, 160}, {4096, 1000, 37}};
   for (const auto& c : cases) {
     SCOPED_TRACE(::testing::Message() << "M " << c.M << " N " << c.N << " K " << c.K);
     nv::QTensor w = nv::quantize(torch::randn({c.N, c.K}).to(torch::kBFloat16));
@@ -101,9 +103,21 @@ TEST(Nvfp4LinearCuda, MatchesDequantizeThenMatmul) {
     torch::Tensor yc = nv::linear(x.to(torch::kFloat), w);
     EXPECT_TRUE(torch::allclose(y.cpu(), yc, 1e-4, 1e-4));
   }
-  // A slice of stacked experts at an offset that is only 8-byte aligned.
-  nv::QTensor experts = nv::quantize(torch::randn({3, 5, 48})).to(torch::kCUDA);
-  torch::Tensor x = torch::randn({2, 48}).to(torch::kBFloat16);
-  for (int e = 0; e < 3; ++e)
-    expect_matches_reference(x, experts.matrix(e).to(torch::kCPU), nv::linear(x.to(torch::kCUDA), experts.matrix(e)));
+  // A slice of stacked experts at an offset that is only 8-byte aligned, through both paths (its own tensor scale).
+  nv::QTensor experts =
+      nv::quantize(torch::randn({3, 5, 48}) * torch::tensor({1.0f, 30.0f, 0.01f}).view({3, 1, 1})).to(torch::kCUDA);
+  for (int64_t M : {2, 40}) {
+    torch::Tensor x = torch::randn({M, 48}).to(torch::kBFloat16);
+    for (int e = 0; e < 3; ++e)
+      expect_matches_reference(x, experts.matrix(e).to(torch::kCPU), nv::linear(x.to(torch::kCUDA), experts.matrix(e)));
+  }
+}
+
+TEST(Nvfp4LinearCuda, DequantizeOnTheGpuEqualsTheCpuDecode) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(24);
+  nv::QTensor q = nv::quantize(torch::randn({3, 40, 70}) * torch::exp(torch::randn({3, 40, 70})));
+  torch::Tensor d = nv::dequantize(q.to(torch::kCUDA), torch::kFloat);
+  EXPECT_TRUE(d.is_cuda());
+  EXPECT_TRUE(torch::equal(d.cpu(), nv::dequantize(q, torch::kFloat)));
 }

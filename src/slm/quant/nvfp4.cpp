@@ -6,7 +6,10 @@
 #include <cfloat>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
+#include <utility>
 
 #include "slm/util/error.h"
 #include "slm/util/format.h"
@@ -279,28 +282,45 @@ QTensor quantize(const torch::Tensor& x_in, const EncodeOptions& options, const 
 
 torch::Tensor dequantize(const QTensor& q) { return dequantize(q, q.dtype); }
 
-torch::Tensor dequantize(const QTensor& q_in, torch::ScalarType dtype) {
-  validate(q_in, "dequantize");
-  QTensor q = q_in.codes.is_cpu() ? q_in : q_in.to(torch::kCPU);
-  const int64_t K = q.k(), rows = q.rows(), blocks = q.blocks_per_row(), rpm = q.rows_per_matrix();
-  torch::Tensor out = torch::empty({rows, K}, torch::kFloat);
-  float* op = out.data_ptr<float>();
-  const uint8_t* cp = q.codes.data_ptr<uint8_t>();
-  const uint8_t* sp = q.scales.data_ptr<uint8_t>();
-  const float* tsp = q.tensor_scale.data_ptr<float>();
-  const int64_t row_bytes = q.k_padded() / 2;
-  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      float s_dec = tsp[r / rpm];
-      for (int64_t k = 0; k < K; ++k) {
-        uint8_t byte = cp[r * row_bytes + k / 2];
-        uint8_t code = (k & 1) ? (byte >> 4) : (byte & 0xF);
-        float Sf = e4m3_decode(sp[r * blocks + k / kBlock]);
-        op[r * K + k] = (e2m1_decode(code) * Sf) * s_dec;
-      }
-    }
-  });
-  return out.reshape(q.shape).to(dtype);
+namespace {
+
+// The decode tables as tensors on `device`: each code byte's two E2M1 values [256, 2] and each scale byte's E4M3
+// value [256]. Made once per device, because a host-to-device copy on every call would make the host wait for the
+// GPU. Never freed: CUDA tensors must not be released after the CUDA runtime has shut down at exit.
+const std::pair<torch::Tensor, torch::Tensor>& decode_tables(const torch::Device& device) {
+  static std::mutex mu;
+  static auto* cache = new std::map<std::string, std::pair<torch::Tensor, torch::Tensor>>();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(device.str());
+  if (it != cache->end()) return it->second;
+  torch::Tensor pair = torch::empty({256, 2}, torch::kFloat), scale = torch::empty({256}, torch::kFloat);
+  auto pa = pair.accessor<float, 2>();
+  auto sa = scale.accessor<float, 1>();
+  for (int b = 0; b < 256; ++b) {
+    pa[b][0] = e2m1_decode(static_cast<uint8_t>(b & 15));
+    pa[b][1] = e2m1_decode(static_cast<uint8_t>(b >> 4));
+    sa[b] = e4m3_decode(static_cast<uint8_t>(b));
+  }
+  return cache->emplace(device.str(), std::make_pair(pair.to(device), scale.to(device))).first->second;
+}
+
+}  // namespace
+
+torch::Tensor block_values(const QTensor& q) {
+  validate(q, "block_values", false);
+  const auto& [pair, scale] = decode_tables(q.codes.device());
+  const int64_t rows = q.rows(), blocks = q.blocks_per_row();
+  // Byte j of a row holds elements 2j (low nibble) and 2j + 1, so the gathered pairs are in element order.
+  torch::Tensor v = pair.index_select(0, q.codes.reshape({-1}).to(torch::kLong)).view({rows, blocks, kBlock});
+  torch::Tensor s = scale.index_select(0, q.scales.reshape({-1}).to(torch::kLong)).view({rows, blocks, 1});
+  return (v * s).view({rows, blocks * kBlock});
+}
+
+torch::Tensor dequantize(const QTensor& q, torch::ScalarType dtype) {
+  validate(q, "dequantize");
+  const int64_t K = q.k();
+  torch::Tensor v = block_values(q).narrow(1, 0, K).reshape({q.matrices(), q.rows_per_matrix(), K});
+  return (v * q.tensor_scale.view({-1, 1, 1})).reshape(q.shape).to(dtype);
 }
 
 torch::Tensor unpack_codes(const QTensor& q) {

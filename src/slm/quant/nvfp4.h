@@ -79,9 +79,14 @@ void validate(const QTensor& q, const std::string& what, bool check_values = tru
 // are an slm::Error naming `what`.
 QTensor quantize(const torch::Tensor& x, const EncodeOptions& options = {}, const std::string& what = "tensor");
 
-// FP32 decode of every element, in the original shape, cast to dtype (default: q.dtype).
+// FP32 decode of every element, in the original shape, cast to dtype (default: q.dtype), on q's device.
 torch::Tensor dequantize(const QTensor& q);
 torch::Tensor dequantize(const QTensor& q, torch::ScalarType dtype);
+
+// The element values before the tensor scale, q_i * S_b, as FP32 [rows, Kp] on q's device (the padding decodes to
+// zero). Each is a product of a 2-bit and a 4-bit significand, so it is exact in FP32 and in BF16: a BF16 copy of
+// this matrix loses nothing, and a BF16 matmul with it, scaled by s_dec afterwards, computes with the exact weights.
+torch::Tensor block_values(const QTensor& q);
 
 // Unpacked codes [rows, K] (one 4-bit code per uint8, padding dropped) and packing back.
 torch::Tensor unpack_codes(const QTensor& q);

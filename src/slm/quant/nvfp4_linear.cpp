@@ -226,6 +226,13 @@ torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
   torch::Tensor x = x_in.to(torch::kBFloat16);
   if (kp != K) x = torch::constant_pad_nd(x, {0, kp - K}, 0.0);
   x = x.contiguous();
+  // The GEMV is for decode: it streams the 4-bit weight once per 16 rows of x (one tensor-core tile), which wins
+  // while reading W is the cost. Beyond 16 rows it would read W again for every 16 rows, hundreds of times for a
+  // prefill or evaluation batch, so there W is decoded once to BF16 (exact, see block_values) and one cuBLAS BF16
+  // GEMM with FP32 accumulation and output does the product, then s_dec is applied: the GEMV's arithmetic in
+  // another summation order. (Where between 17 rows and a few dozen the GEMM starts to win is not measured.)
+  constexpr int64_t kGemvMaxRows = 16;
+  if (M > kGemvMaxRows) return at::mm(x, block_values(w).to(torch::kBFloat16).t(), torch::kFloat).mul_(w.tensor_scale);
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
   torch::Tensor codes = w.codes;
   const bool copied = reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 != 0;

@@ -2,7 +2,8 @@
 // The quantized linear layer: y = x · W^T with W in NVFP4, dequantized on the fly inside the dot products.
 //   CPU:  x float32/bfloat16/float16, computed in FP32; rows of W split across threads (at::parallel_for); the
 //         inner loop is a 16-wide block product (AVX2 build of the kernel picked at run time when available).
-//   CUDA: (built with SLM_CUDA=ON) weight-only GEMV for decode batches: BF16 activations, FP32 accumulation.
+//   CUDA: (built with SLM_CUDA=ON) BF16 activations, FP32 accumulation: the weight-only GEMV for up to 16 rows
+//         (decode), else W decoded to BF16 and a cuBLAS GEMM (prefill, evaluation).
 // Both return FP32 [..., N] for x [..., K] (the caller casts).
 #include <torch/torch.h>
 

@@ -41,8 +41,8 @@ std::string shard_tokenizer(const std::string& shard_path);
 torch::Tensor token_byte_counts(const data::Tokenizer& tok, int64_t vocab_size);
 
 // Scores the model on each source: the same windows every call (the seed-0 window stream of data::TokenLoader, the
-// first `batches` micro-batches), logits taken to float64 on the CPU. token_bytes (from token_byte_counts) may be
-// undefined: bpb is then NaN. The model runs in eval mode and is left in the mode it was in.
+// first `batches` micro-batches), the loss computed in float64 on `device`. token_bytes (from token_byte_counts)
+// may be undefined: bpb is then NaN. The model runs in eval mode and is left in the mode it was in.
 std::map<std::string, DomainScore> evaluate_model(model::HybridLM& model, const std::vector<data::ShardSource>& sources,
                                                   const EvalWindows& windows, const torch::Tensor& token_bytes,
                                                   torch::Device device);
