@@ -33,8 +33,8 @@ struct GenerateOptions {
   bool stop_at_eos = false;
 };
 
-// The tokenizer a training checkpoint was trained with: its run's --tokenizer, else the one its shards name
-// (meta.json beside the weights); "" when unknown (then the byte tokenizer).
+// The tokenizer a training checkpoint was trained with (train::run_tokenizer of the run configuration in the
+// meta.json beside the weights); "" when unknown or "none" (then the byte tokenizer).
 std::string checkpoint_tokenizer(const std::string& checkpoint) {
   const std::string weights = model::weights_path(checkpoint);
   const std::string meta_path = weights.substr(0, weights.find_last_of('/') + 1) + "meta.json";
@@ -42,15 +42,8 @@ std::string checkpoint_tokenizer(const std::string& checkpoint) {
   auto meta = nlohmann::json::parse(read_file(meta_path), nullptr, /*allow_exceptions=*/false);
   if (!meta.is_object() || !meta.contains("config") || !meta["config"].is_object()) return "";
   const auto& cfg = meta["config"];
-  const std::string named = cfg.value("tokenizer", "");
-  if (named == "none") return "";
-  if (!named.empty()) return named;
-  try {
-    auto sources = train::split_sources(cfg.value("data", ""), "train", {});
-    return sources.empty() ? "" : train::shard_tokenizer(sources.front().shards.front());
-  } catch (const Error&) {
-    return "";  // the shards moved: fall back
-  }
+  const std::string tokenizer = train::run_tokenizer(cfg, cfg.value("data", ""), "train");
+  return tokenizer == "none" ? "" : tokenizer;
 }
 
 void run_generate(GenerateOptions o) {

@@ -1,6 +1,7 @@
 // Held-out evaluation of checkpoints (`slm eval`): the same numbers as the trainer's validation, a naive float64
 // recount, NVFP4 checkpoints against their dequantized twin and the dense model, and clear errors for bad inputs.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <sstream>
@@ -244,6 +245,36 @@ TEST_F(EvalFixture, CliPrintsTheTableAndTheSameNumbersAsJson) {
   r = run_slm("eval --checkpoint " + dir + "/nowhere");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("nowhere: no such checkpoint"), std::string::npos) << r.out;
+}
+
+// The rule slm eval and slm generate share: the run's own setting first ("none" included), else the tokenizer the
+// shards' sidecar names when tokenizer/<name> is readable from the working directory, else "".
+TEST_F(EvalFixture, RunTokenizerPrefersTheRunsSettingThenTheShards) {
+  const nlohmann::json unset = nlohmann::json::object();
+  EXPECT_EQ(train::run_tokenizer({{"tokenizer", "a.model"}}, data, "train"), "a.model");
+  EXPECT_EQ(train::run_tokenizer({{"tokenizer", "none"}}, data, "train"), "none");
+  EXPECT_EQ(train::run_tokenizer(unset, data, "train"), "");  // these shards name no tokenizer
+  EXPECT_EQ(train::run_tokenizer(unset, dir + "/nowhere", "train"), "");
+
+  const std::string named = dir + "/named";
+  write_file(named + "/tokenizer/fake.model", "not read, only looked up");
+  ::mkdir((named + "/shards").c_str(), 0755);
+  ::mkdir((named + "/shards/c").c_str(), 0755);
+  {
+    data::ShardWriter w(named + "/shards/c/validation-00000.slmtok", 512, {{"tokenizer", "fake.model"}});
+    w.add_document(std::vector<uint32_t>{2, 5, 6, 7}, {"synthetic", "doc0", "none", "c"});
+    w.close();
+  }
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof cwd), nullptr);
+  ASSERT_EQ(::chdir(named.c_str()), 0);
+  EXPECT_EQ(train::run_tokenizer(unset, "shards", "validation"), "tokenizer/fake.model");
+  EXPECT_EQ(train::run_tokenizer({{"tokenizer", ""}}, "shards", "validation"), "tokenizer/fake.model");
+  EXPECT_EQ(train::run_tokenizer(unset, "shards", "train"), "");  // no train split here
+  EXPECT_EQ(train::run_tokenizer({{"tokenizer", "b.model"}}, "shards", "validation"), "b.model");
+  ::unlink("tokenizer/fake.model");
+  EXPECT_EQ(train::run_tokenizer(unset, "shards", "validation"), "");  // named, but not there
+  ASSERT_EQ(::chdir(cwd), 0);
 }
 
 }  // namespace

@@ -65,6 +65,17 @@ std::string shard_tokenizer(const std::string& shard_path) {
   return "";
 }
 
+std::string run_tokenizer(const nlohmann::json& run_config, const std::string& data_dir, const std::string& split) {
+  const std::string named = run_config.is_object() ? run_config.value("tokenizer", "") : "";
+  if (!named.empty()) return named;
+  try {
+    const auto sources = split_sources(data_dir, split, {});
+    return sources.empty() ? "" : shard_tokenizer(sources.front().shards.front());
+  } catch (const Error&) {
+    return "";  // the shards moved or cannot be read: no tokenizer is known
+  }
+}
+
 torch::Tensor token_byte_counts(const data::Tokenizer& tok, int64_t vocab_size) {
   auto out = torch::zeros({vocab_size}, torch::kDouble);
   auto acc = out.accessor<double, 1>();
@@ -182,8 +193,7 @@ CheckpointScores evaluate_checkpoint(const CheckpointEval& req) {
   out.windows.batches = setting(req.batches, "eval_batches", 4);
   if (out.windows.seq_len < 2) throw Error("--seq-len must be >= 2");
 
-  std::string tokenizer = !req.tokenizer.empty() ? req.tokenizer : run.value("tokenizer", "");
-  if (tokenizer.empty()) tokenizer = shard_tokenizer(sources.front().shards.front());
+  const std::string tokenizer = !req.tokenizer.empty() ? req.tokenizer : run_tokenizer(run, data, req.split);
   torch::Tensor token_bytes;
   if (!tokenizer.empty() && tokenizer != "none") {
     auto tok = data::Tokenizer::load(tokenizer);

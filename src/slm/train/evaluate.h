@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,11 @@ std::vector<data::ShardSource> split_sources(const std::string& data_dir, const 
 // The tokenizer the shard records in its sidecar, as tokenizer/<name> when that file is readable (relative to the
 // working directory, like the repository's tokenizer/); "" otherwise.
 std::string shard_tokenizer(const std::string& shard_path);
+
+// The tokenizer a training run was trained with, as `slm eval` and `slm generate` look it up: the run
+// configuration's `tokenizer` (slm train --tokenizer; "none" is returned as is), else the one the first
+// <domain>/<split> shard under data_dir names (shard_tokenizer), else "" (also when data_dir has no such shards).
+std::string run_tokenizer(const nlohmann::json& run_config, const std::string& data_dir, const std::string& split);
 
 // [vocab_size] float64: the bytes each id decodes to (0 for ids past the tokenizer's vocabulary and for specials).
 torch::Tensor token_byte_counts(const data::Tokenizer& tok, int64_t vocab_size);
