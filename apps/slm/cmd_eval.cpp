@@ -22,7 +22,8 @@ nlohmann::json score_json(const train::DomainScore& s) {
   return {{"loss", s.loss},
           {"bpb", std::isnan(s.bpb) ? nlohmann::json() : nlohmann::json(s.bpb)},
           {"tokens", s.tokens},
-          {"bytes", s.bytes}};
+          {"bytes", s.bytes},
+          {"batches", s.batches}};
 }
 
 void print_scores(const train::CheckpointEval& req, const train::CheckpointScores& r, bool json) {

@@ -8,6 +8,7 @@
 
 #include "model/model_test_util.h"
 #include "slm/data/loader.h"
+#include "slm/data/shards.h"
 #include "slm/data/tokenizer.h"
 #include "slm/io/safetensors.h"
 #include "slm/model/weights.h"
@@ -245,6 +246,36 @@ TEST_F(EvalFixture, CliPrintsTheTableAndTheSameNumbersAsJson) {
   r = run_slm("eval --checkpoint " + dir + "/nowhere");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("nowhere: no such checkpoint"), std::string::npos) << r.out;
+}
+
+// A request for more batches than a split holds reports what was scored: ceil(windows / batch) per domain, with
+// windows = (tokens - 1) / seq_len of the split's shard, and the most of those at the top (JSON too).
+TEST_F(EvalFixture, BatchesReportWhatWasScored) {
+  auto c = config("run", 2);
+  train::Trainer(c, log).run();
+  train::CheckpointEval req;
+  req.checkpoint = c.out;
+  req.batches = 1000;
+  auto r = train::evaluate_checkpoint(req);
+  int64_t most = 0, sum = 0;
+  for (const char* d : {"count", "stride"}) {
+    const auto tokens =
+        static_cast<int64_t>(data::Shard::open(data + "/" + d + "/validation-00000.slmtok")->token_count());
+    const int64_t windows = (tokens - 1) / c.seq_len, want = (windows + c.batch - 1) / c.batch;
+    ASSERT_LT(want, 1000) << d;
+    EXPECT_EQ(r.domains.at(d).batches, want) << d;
+    EXPECT_EQ(r.domains.at(d).tokens, want * c.batch * c.seq_len) << d;
+    most = std::max(most, want);
+    sum += want;
+  }
+  EXPECT_EQ(r.windows.batches, most);
+  EXPECT_EQ(r.all.batches, sum);
+  auto cli = run_slm("eval --checkpoint " + c.out + " --batches 1000 --json");
+  ASSERT_EQ(cli.code, 0) << cli.out;
+  auto j = nlohmann::json::parse(cli.out);
+  EXPECT_EQ(j["batches"].get<int64_t>(), most);
+  EXPECT_EQ(j["domains"]["count"]["batches"].get<int64_t>(), r.domains.at("count").batches);
+  EXPECT_EQ(j["all"]["batches"].get<int64_t>(), sum);
 }
 
 // The rule slm eval and slm generate share: the run's own setting first ("none" included), else the tokenizer the

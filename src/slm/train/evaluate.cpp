@@ -120,6 +120,7 @@ std::map<std::string, DomainScore> evaluate_model(model::HybridLM& model, const 
     s.bpb = bytes > 0 ? nll / std::log(2.0) / bytes : std::nan("");
     s.tokens = count;
     s.bytes = bytes;
+    s.batches = batches;
     out[src.name] = s;
   }
   model.train(was_training);
@@ -134,6 +135,7 @@ DomainScore pooled(const std::map<std::string, DomainScore>& scores) {
     nll += s.loss * static_cast<double>(s.tokens);
     all.tokens += s.tokens;
     all.bytes += s.bytes;
+    all.batches += s.batches;
     bytes_everywhere = bytes_everywhere && s.bytes > 0;
   }
   if (all.tokens > 0) all.loss = nll / static_cast<double>(all.tokens);
@@ -228,6 +230,9 @@ CheckpointScores evaluate_checkpoint(const CheckpointEval& req) {
   out.bf16 = req.bf16;
   out.domains = evaluate_model(m, sources, out.windows, token_bytes, device);
   out.all = pooled(out.domains);
+  // The request is an upper bound: a split with fewer windows is scored in fewer batches.
+  out.windows.batches = 0;
+  for (const auto& [_, s] : out.domains) out.windows.batches = std::max(out.windows.batches, s.batches);
   return out;
 }
 

@@ -21,6 +21,7 @@ struct DomainScore {
   double bpb = std::nan("");  // sum NLL / ln 2 / sum of the target tokens' bytes (NaN without token bytes)
   int64_t tokens = 0;         // target tokens scored
   double bytes = 0;           // bytes those tokens decode to
+  int64_t batches = 0;        // micro-batches scored (pooled: their sum over the domains)
 };
 
 struct EvalWindows {
@@ -73,7 +74,7 @@ struct CheckpointScores {
   std::string weights;  // the weights file read
   std::string recipe;   // the recipe's name
   int64_t step = -1;    // training step (-1 for a weights file)
-  EvalWindows windows;
+  EvalWindows windows;  // as used: batches is the most micro-batches any domain scored (each has its own count)
   std::string tokenizer;      // "" without bpb
   int64_t nvfp4_weights = 0;  // weights the model runs in NVFP4
   bool bf16 = false;          // computed under BF16 autocast
