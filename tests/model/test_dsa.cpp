@@ -144,7 +144,8 @@ TEST(DsaIndexer, ScoresMatchFloat64Loop) {
   ASSERT_EQ(ix.rope_dims, 4);
   const int64_t t = 7, heads = 3, dim = 8;
   auto h = torch::randn({1, t, 16}, kF64);
-  auto got = ix.scores(h, ix.keys(h, 0));
+  auto pos = torch::arange(t).unsqueeze(0);
+  auto got = ix.scores(h, ix.keys(h, pos), pos);
   auto rope = [](torch::Tensor x, int64_t p) {  // half-split on the first 4 dims, theta 500
     auto out = x.clone();
     for (int64_t i = 0; i < 2; ++i) {
@@ -208,7 +209,8 @@ TEST(DsaLayer, SparseOutputIsAttentionOverTheSelectedKeys) {
   auto k = rms(model::apply_rope(torch::matmul(h, a.wk->weight.t()).view({b, t, 2, 4}), 0, 500), a.k_norm->weight);
   auto v = torch::matmul(h, a.wv->weight.t()).view({b, t, 2, 4});
   auto& ix = *layer->indexer();
-  auto index = model::dsa_select(ix.scores(h, ix.keys(h, 0)), 0.3, 2, 0);
+  auto pos = torch::arange(t).unsqueeze(0);
+  auto index = model::dsa_select(ix.scores(h, ix.keys(h, pos), pos), 0.3, 2, 0);
   ASSERT_LT(index.ge(0).sum().item<int64_t>(), b * t * (t + 1) / 2);  // something was left out
   auto o = ops::sparse_attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), index, 0.5).out;
   auto expected = torch::matmul(o.transpose(1, 2).reshape({b, t, 16}), a.wo->weight.t());

@@ -112,3 +112,37 @@ TEST(M2rnnScan, RejectsBadShapes) {
   EXPECT_THROW(ops::m2rnn_scan(in.q, in.k, in.v, in.f, in.w.narrow(0, 0, 1), in.d, in.h0, 1.0, 4), Error);
   EXPECT_THROW(ops::m2rnn_scan(in.q, in.k, in.v, in.f, in.w, in.d, in.h0, 1.0, 0), Error);
 }
+
+// Packed documents: a reset starts the token from H = 0. Each document then runs as the plain loop runs it alone
+// (the first from h0, the others from zero), outputs and gradients alike, with and without clipping, for
+// checkpoint stretches that start before, on and after a reset.
+TEST(M2rnnScan, ResetsRunEachDocumentAlone) {
+  for (double clip : {0.0, 1.0}) {
+    torch::manual_seed(14);
+    auto in = random_m2rnn(1, 23, 3, 5, 4, true);
+    const std::vector<int64_t> bounds = {0, 7, 8, 15, 23};
+    auto reset = torch::zeros({1, 23}, torch::kBool);
+    for (size_t i = 1; i + 1 < bounds.size(); ++i) reset[0][bounds[i]] = true;
+    auto wy = torch::randn({1, 23, 3, 4}, torch::kDouble) * 10.0, wh = torch::randn({1, 3, 5, 4}, torch::kDouble);
+    torch::Tensor loss_ref = torch::zeros({}, torch::kDouble);
+    std::vector<torch::Tensor> ys;
+    for (size_t d = 0; d + 1 < bounds.size(); ++d) {
+      const int64_t from = bounds[d], len = bounds[d + 1] - from;
+      auto part = [&](const torch::Tensor& x) { return x.narrow(1, from, len); };
+      M2rnnInputs doc{part(in.q), part(in.k), part(in.v), part(in.f), in.w, in.d,
+                      d == 0 ? in.h0 : torch::zeros_like(in.h0)};
+      auto [y, h] = naive_scan(doc, clip);
+      ys.push_back(y);
+      loss_ref = loss_ref + (y * part(wy)).sum();
+      if (d + 2 == bounds.size()) loss_ref = loss_ref + (h * wh).sum();
+    }
+    auto g_ref = torch::autograd::grad({loss_ref}, in.leaves());
+    for (int64_t every : {1, 4, 64}) {
+      SCOPED_TRACE("clip " + std::to_string(clip) + ", checkpoint every " + std::to_string(every));
+      auto [y, h] = ops::m2rnn_scan(in.q, in.k, in.v, in.f, in.w, in.d, in.h0, clip, every, reset);
+      EXPECT_LE(max_rel_diff(y, torch::cat(ys, 1)), 1e-12);
+      auto g = torch::autograd::grad({(y * wy).sum() + (h * wh).sum()}, in.leaves());
+      for (size_t i = 0; i < g.size(); ++i) EXPECT_LE(max_rel_diff(g[i], g_ref[i]), 1e-10) << "input " << i;
+    }
+  }
+}

@@ -109,7 +109,20 @@ TEST_F(EvalFixture, CheckpointScoresEqualTheTrainersValidation) {
   for (int b = 0; b < 2; ++b) {
     auto batch = loader.next();
     auto y = batch.tokens.narrow(1, 1, c.seq_len);
-    nll += naive_mean_nll(m.forward(batch.tokens.narrow(1, 0, c.seq_len)).logits, y) * static_cast<double>(y.numel());
+    // Packed documents are scored each alone: run every document of every row by itself.
+    std::vector<torch::Tensor> rows;
+    for (int64_t r = 0; r < c.batch; ++r) {
+      std::vector<torch::Tensor> parts;
+      auto ids = batch.doc_ids[r];
+      for (int64_t from = 0; from < c.seq_len;) {
+        int64_t to = from + 1;
+        while (to < c.seq_len && ids[to].item<int>() == ids[from].item<int>()) ++to;
+        parts.push_back(m.forward(batch.tokens.narrow(0, r, 1).narrow(1, from, to - from)).logits);
+        from = to;
+      }
+      rows.push_back(torch::cat(parts, 1));
+    }
+    nll += naive_mean_nll(torch::cat(rows, 0), y) * static_cast<double>(y.numel());
     auto flat = y.reshape({-1});
     for (int64_t i = 0; i < flat.numel(); ++i)
       bytes += static_cast<double>(tok.decode({static_cast<uint32_t>(flat[i].item<int64_t>())}).size());

@@ -6,6 +6,7 @@
 #include "slm/model/layers/attention.h"
 #include "slm/recipe/accounting.h"
 #include "slm/util/error.h"
+#include "slm/util/format.h"
 
 namespace slm::model {
 
@@ -92,28 +93,36 @@ torch::Tensor HybridLM::trunk(const torch::Tensor& x0, const LayerFn& block, con
   return mhc_head(streams);
 }
 
-ModelOutput HybridLM::forward(const torch::Tensor& tokens) {
+ModelOutput HybridLM::forward(const torch::Tensor& tokens, const Documents* docs) {
   auto x0 = embed_tokens(tokens);
+  if (docs && docs->pos.sizes() != tokens.sizes())
+    throw Error("forward: document positions " + shape_text(docs->pos) + " do not match the tokens " +
+                shape_text(tokens));
+  const auto pos = docs ? docs->pos : torch::Tensor();
   // Engram rows depend on the tokens alone: every layer's memory is gathered before the first layer runs.
   std::vector<torch::Tensor> memory(layers_.size());
   if (engram_canonical_ids.defined()) {
     auto ids = canonical(tokens);
     for (size_t l = 0; l < layers_.size(); ++l)
-      if (engram_[l]) memory[l] = engram_[l]->lookup(engram_[l]->rows(ids, {}));
+      if (engram_[l]) memory[l] = engram_[l]->lookup(engram_[l]->rows(ids, {}, pos));
   }
   auto x = trunk(
-      x0, [&](size_t l, const torch::Tensor& h) { return layers_[l]->forward(h); },
-      [&](size_t l, const torch::Tensor& s) { return engram_[l]->forward(s, memory[l]).first; });
+      x0, [&](size_t l, const torch::Tensor& h) { return layers_[l]->forward(h, docs); },
+      [&](size_t l, const torch::Tensor& s) { return engram_[l]->forward(s, memory[l], {}, pos).first; });
   return {head(final_norm(x)), x};
 }
 
-std::vector<torch::Tensor> HybridLM::mtp_logits(const torch::Tensor& tokens, const torch::Tensor& hidden) {
+std::vector<torch::Tensor> HybridLM::mtp_logits(const torch::Tensor& tokens, const torch::Tensor& hidden,
+                                                const Documents* docs) {
   std::vector<torch::Tensor> out;
   const int64_t t = tokens.size(1);
   auto h = hidden;
   for (int64_t k = 1; k <= static_cast<int64_t>(mtp_.size()) && k < t; ++k) {
     const int64_t n = t - k;
-    h = mtp_[k - 1](h.narrow(1, 0, n), embed(tokens.narrow(1, k, n)));
+    // Position i reads token i+k, which may lie in the next document; such positions' targets are left out.
+    std::optional<Documents> part;
+    if (docs) part = narrow_documents(*docs, n);
+    h = mtp_[k - 1]->forward(h.narrow(1, 0, n), embed(tokens.narrow(1, k, n)), part ? &*part : nullptr);
     out.push_back(head(mtp_[k - 1]->norm(h)));
   }
   return out;
@@ -134,16 +143,30 @@ torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& ta
 }
 }  // namespace
 
-LossOutput HybridLM::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
+LossOutput HybridLM::loss(const torch::Tensor& tokens, const torch::Tensor& targets, const torch::Tensor& doc_ids) {
   if (targets.sizes() != tokens.sizes()) throw Error("loss: targets must have the shape of tokens");
+  const int64_t b = tokens.size(0), t = tokens.size(1);
+  std::optional<Documents> docs;
+  torch::Tensor window_docs;  // [B, T+1] on the tokens' device
+  if (doc_ids.defined()) {
+    if (doc_ids.dim() != 2 || doc_ids.size(0) != b || doc_ids.size(1) != t + 1)
+      throw Error("loss: document ids must be [batch, time + 1] (tokens and the last target), got " +
+                  shape_text(doc_ids) + " for tokens " + shape_text(tokens));
+    if (auto d = documents_from_ids(doc_ids.narrow(1, 0, t))) docs = to_device(*d, tokens.device());
+    window_docs = doc_ids.to(tokens.device(), torch::kLong);
+  }
   LossOutput out;
-  auto fwd = forward(tokens);
+  auto fwd = forward(tokens, docs ? &*docs : nullptr);
   out.main = cross_entropy(fwd.logits, targets);
   out.total = out.main;
-  auto mtp = mtp_logits(tokens, fwd.hidden);
+  auto mtp = mtp_logits(tokens, fwd.hidden, docs ? &*docs : nullptr);
   for (size_t i = 0; i < mtp.size(); ++i) {
     const int64_t k = static_cast<int64_t>(i) + 1;
-    out.mtp.push_back(cross_entropy(mtp[i], targets.narrow(1, k, tokens.size(1) - k)));
+    auto target = targets.narrow(1, k, t - k);
+    // Module k at position i predicts token i+k+1 of the window: kept only inside position i's document.
+    if (window_docs.defined())
+      target = target.masked_fill(window_docs.narrow(1, k + 1, t - k) != window_docs.narrow(1, 0, t - k), kIgnoreIndex);
+    out.mtp.push_back(cross_entropy(mtp[i], target));
     out.total = out.total + out.mtp.back() * (recipe_.mtp.lambda / static_cast<double>(plan_.mtp_depth));
   }
   out.aux = torch::zeros({}, out.main.options());

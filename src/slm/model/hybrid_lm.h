@@ -56,13 +56,19 @@ class HybridLM : public torch::nn::Module {
   const std::vector<std::shared_ptr<Layer>>& layers() const { return layers_; }
   const std::vector<MtpModule>& mtp_modules() const { return mtp_; }
 
-  ModelOutput forward(const torch::Tensor& tokens);  // tokens [B, T] int64
+  // tokens [B, T] int64; docs (optional, on the tokens' device): the documents packed into each row, each run
+  // as if it were alone (documents.h).
+  ModelOutput forward(const torch::Tensor& tokens, const Documents* docs = nullptr);
   // Logits [B, T-k, V] of MTP module k (1-based, index k-1) at positions 0..T-k-1, i.e. predictions of
-  // tokens k+1..T; hidden is forward(tokens).hidden.
-  std::vector<torch::Tensor> mtp_logits(const torch::Tensor& tokens, const torch::Tensor& hidden);
+  // tokens k+1..T; hidden is forward(tokens, docs).hidden.
+  std::vector<torch::Tensor> mtp_logits(const torch::Tensor& tokens, const torch::Tensor& hidden,
+                                        const Documents* docs = nullptr);
   // targets[b, t] is the token after tokens[b, t] (kIgnoreIndex to skip); MTP module k is trained on
-  // targets[:, k:].
-  LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets);
+  // targets[:, k:]. doc_ids [B, T+1] (optional; data::Batch::doc_ids, any device): the document of every token of
+  // the window, the last target included. Packed documents then run alone, and an MTP target that lies in
+  // another document than its position is left out (the main target after a document's last token is the next
+  // document's first, as in the unpacked stream).
+  LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets, const torch::Tensor& doc_ids = {});
 
   // A fresh inference state for batch sequences of up to capacity tokens. max_rollback bounds how many
   // tokens DecodeState::rollback may drop.

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "slm/model/documents.h"
 #include "slm/model/modules.h"
 
 namespace slm::model {
@@ -25,8 +26,9 @@ class Layer : public torch::nn::Module {
   virtual char letter() const = 0;
   virtual const char* class_name() const = 0;
 
-  // Training / evaluation over whole sequences, x [B, T, D], positions 0..T-1.
-  virtual torch::Tensor forward(const torch::Tensor& x) = 0;
+  // Training / evaluation over whole sequences, x [B, T, D], positions 0..T-1; docs (optional) marks the
+  // documents packed into each row, each of which the layer runs as if it were alone (documents.h).
+  virtual torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) = 0;
   // x [B, T, D] continues the sequence held by cache (positions cache.length()..), extending the cache.
   // Stateless layers (channel mixers) get a null cache.
   virtual torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) = 0;

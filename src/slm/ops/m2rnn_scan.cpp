@@ -39,22 +39,28 @@ Update update(const at::Tensor& h_prev, const at::Tensor& k, const at::Tensor& v
 // Hᵀ q: q [B, Nh, K] -> [B, Nh, V].
 at::Tensor read(const at::Tensor& h, const at::Tensor& q) { return q.unsqueeze(-2).matmul(h).squeeze(-2); }
 
+// The state token t starts from: H_{t-1}, or zero where keep [B, T] (0 at document starts) says so. Without
+// documents keep is empty (autograd functions take no undefined tensors).
+at::Tensor entering(const at::Tensor& h, const at::Tensor& keep, int64_t t) {
+  return keep.numel() > 0 ? h * keep.select(1, t).view({-1, 1, 1, 1}) : h;
+}
+
 // y_t = H_tᵀ q_t over a whole sequence with checkpointed, clipped backpropagation through time.
 class CheckpointedScan : public torch::autograd::Function<CheckpointedScan> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                               const at::Tensor& f, const at::Tensor& w, const at::Tensor& h0, double clip,
-                               int64_t every) {
+                               const at::Tensor& f, const at::Tensor& w, const at::Tensor& h0, const at::Tensor& keep,
+                               double clip, int64_t every) {
     const int64_t t_len = q.size(1);
     std::vector<at::Tensor> checkpoints, ys;
     ys.reserve(t_len);
     auto h = h0;
     for (int64_t t = 0; t < t_len; ++t) {
       if (t % every == 0) checkpoints.push_back(h);
-      h = update(h, k.select(1, t), v.select(1, t), f.select(1, t), w).h;
+      h = update(entering(h, keep, t), k.select(1, t), v.select(1, t), f.select(1, t), w).h;
       ys.push_back(read(h, q.select(1, t)));
     }
-    ctx->save_for_backward({q, k, v, f, w, at::stack(checkpoints)});
+    ctx->save_for_backward({q, k, v, f, w, at::stack(checkpoints), keep});
     ctx->saved_data["clip"] = clip;
     ctx->saved_data["every"] = every;
     return {at::stack(ys, 1), h};
@@ -63,6 +69,7 @@ class CheckpointedScan : public torch::autograd::Function<CheckpointedScan> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &f = saved[3], &w = saved[4], &checkpoints = saved[5];
+    const auto& keep = saved[6];
     const double clip = ctx->saved_data["clip"].toDouble();
     const int64_t every = ctx->saved_data["every"].toInt();
     const int64_t t_len = q.size(1);
@@ -73,14 +80,16 @@ class CheckpointedScan : public torch::autograd::Function<CheckpointedScan> {
     auto dw = at::zeros_like(w);
     for (int64_t c = checkpoints.size(0) - 1; c >= 0; --c) {
       const int64_t start = c * every, end = std::min(t_len, start + every);
-      std::vector<at::Tensor> hs = {checkpoints[c]}, zs;  // hs[i] = H_{start+i-1}
+      // hs[i] = H_{start+i-1}; prevs[i] = the state token start+i starts from (zero at a document start).
+      std::vector<at::Tensor> hs = {checkpoints[c]}, prevs, zs;
       for (int64_t t = start; t < end; ++t) {
-        auto u = update(hs.back(), k.select(1, t), v.select(1, t), f.select(1, t), w);
+        prevs.push_back(entering(hs.back(), keep, t));
+        auto u = update(prevs.back(), k.select(1, t), v.select(1, t), f.select(1, t), w);
         hs.push_back(u.h);
         zs.push_back(u.z);
       }
       for (int64_t t = end - 1; t >= start; --t) {
-        const auto &h_t = hs[t - start + 1], &h_prev = hs[t - start], &z = zs[t - start];
+        const auto &h_t = hs[t - start + 1], &h_prev = prevs[t - start], &z = zs[t - start];
         const auto q_t = q.select(1, t), k_t = k.select(1, t), v_t = v.select(1, t);
         if (dy.defined()) {
           const auto dy_t = dy.select(1, t);
@@ -96,10 +105,10 @@ class CheckpointedScan : public torch::autograd::Function<CheckpointedScan> {
         dk[t] = du.matmul(v_t.unsqueeze(-1)).squeeze(-1);
         dv[t] = du.transpose(-1, -2).matmul(k_t.unsqueeze(-1)).squeeze(-1);
         df[t] = (dh * (h_prev - z)).sum({-2, -1});
-        dh = fe * dh + du.matmul(w_t);
+        dh = entering(fe * dh + du.matmul(w_t), keep, t);
       }
     }
-    return {at::stack(dq, 1), at::stack(dk, 1), at::stack(dv, 1), at::stack(df, 1), dw, dh, {}, {}};
+    return {at::stack(dq, 1), at::stack(dk, 1), at::stack(dv, 1), at::stack(df, 1), dw, dh, {}, {}, {}};
   }
 };
 
@@ -107,7 +116,8 @@ class CheckpointedScan : public torch::autograd::Function<CheckpointedScan> {
 
 std::pair<at::Tensor, at::Tensor> m2rnn_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const at::Tensor& f, const at::Tensor& w, const at::Tensor& d,
-                                             const at::Tensor& h0, double grad_clip, int64_t checkpoint_every) {
+                                             const at::Tensor& h0, double grad_clip, int64_t checkpoint_every,
+                                             const at::Tensor& reset) {
   if (!q.defined() || q.dim() != 4) throw Error("m2rnn: q must be [B, T, Nh, K], got " + shape_text(q));
   if (!v.defined() || v.dim() != 4) throw Error("m2rnn: v must be [B, T, Nh, V], got " + shape_text(v));
   const int64_t b = q.size(0), t = q.size(1), nh = q.size(2), kd = q.size(3), vd = v.size(3);
@@ -119,6 +129,7 @@ std::pair<at::Tensor, at::Tensor> m2rnn_scan(const at::Tensor& q, const at::Tens
   expect_shape(w, {nh, vd, vd}, "state_weight");
   expect_shape(d, {nh, vd}, "D");
   expect_shape(h0, {b, nh, kd, vd}, "state");
+  if (reset.defined()) expect_shape(reset, {b, t}, "document starts");
   // Under BF16 autocast the projections arrive in bf16 and the parameters in fp32. The hand-written backward needs
   // one dtype throughout, so the recurrence runs in the widest input type with autocast off.
   const auto dt = at::promote_types(at::promote_types(q.scalar_type(), w.scalar_type()), h0.scalar_type());
@@ -126,7 +137,8 @@ std::pair<at::Tensor, at::Tensor> m2rnn_scan(const at::Tensor& q, const at::Tens
   at::autocast::set_autocast_enabled(at::kCUDA, false);
   std::vector<at::Tensor> out;
   try {
-    out = CheckpointedScan::apply(q.to(dt), k.to(dt), v.to(dt), f.to(dt), w.to(dt), h0.to(dt), grad_clip,
+    auto keep = reset.defined() ? reset.logical_not().to(dt) : at::empty({0}, q.options().dtype(dt));
+    out = CheckpointedScan::apply(q.to(dt), k.to(dt), v.to(dt), f.to(dt), w.to(dt), h0.to(dt), keep, grad_clip,
                                   checkpoint_every);
   } catch (...) {
     at::autocast::set_autocast_enabled(at::kCUDA, autocast);

@@ -16,10 +16,12 @@ namespace slm::ops {
 // states of one stretch at a time and runs backpropagation through time over it, so memory grows with
 // T/checkpoint_every states rather than T. grad_clip > 0 clamps the gradient reaching each H_t (its y_t
 // and H_{t+1} paths together) to [-grad_clip, grad_clip] before it flows further back, as the reference
-// does; the forward is unaffected. grad_clip <= 0 turns clipping off. Throws slm::Error on bad shapes.
+// does; the forward is unaffected. grad_clip <= 0 turns clipping off. reset [B, T] (bool, optional) marks where
+// packed documents start: there the token starts from H = 0 instead of H_{t-1}. Throws slm::Error on bad shapes.
 std::pair<at::Tensor, at::Tensor> m2rnn_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const at::Tensor& f, const at::Tensor& w, const at::Tensor& d,
-                                             const at::Tensor& h0, double grad_clip, int64_t checkpoint_every);
+                                             const at::Tensor& h0, double grad_clip, int64_t checkpoint_every,
+                                             const at::Tensor& reset = {});
 
 // One decode step: q, k [B, Nh, K], v [B, Nh, V], f [B, Nh]; returns y [B, Nh, V] and the new H.
 std::pair<at::Tensor, at::Tensor> m2rnn_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -63,6 +63,7 @@ void check_sequence(const Mamba3Sequence& s, const Mamba3State& st) {
   expect_shape(st.ssm, {b, h, p, n}, "state ssm");
   expect_shape(st.k, {b, h, r, n}, "state k");
   expect_shape(st.x, {b, h, p}, "state x");
+  if (s.start.defined()) expect_shape(s.start, {b, t}, "document starts");
 }
 
 struct Cast {
@@ -83,7 +84,8 @@ Mamba3State mamba3_zero_state(int64_t batch, int64_t heads, int64_t headdim, int
           at::zeros({batch, heads, rank, d_state}, options), at::zeros({batch, heads, headdim}, options)};
 }
 
-Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights& w, const at::Tensor& angle0) {
+Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights& w, const at::Tensor& angle0,
+                                 const at::Tensor& start) {
   if (!p.x.defined() || p.x.dim() != 4) throw Error("mamba3: x must be [B, T, H, P], got " + shape_text(p.x));
   if (!p.b.defined() || p.b.dim() != 5) throw Error("mamba3: B must be [B, T, R, G, N], got " + shape_text(p.b));
   const int64_t bsz = p.x.size(0), t = p.x.size(1), h = p.x.size(2), pd = p.x.size(3);
@@ -105,6 +107,7 @@ Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights
   expect_shape(w.c_norm, {n}, "C_norm weight");
   expect_shape(w.d, {h}, "D");
   expect_shape(angle0, {bsz, h, s}, "angle state");
+  if (start.defined()) expect_shape(start, {bsz, t}, "document starts");
   if (w.mimo_x.defined()) expect_shape(w.mimo_x, {h, r, pd}, "mimo_x");
   else if (r != 1) throw Error("mamba3: rank " + std::to_string(r) + " needs mimo_x");
 
@@ -119,7 +122,23 @@ Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights
   // The phase is a running sum; wrapping it into [0, 2π) keeps float32 precise on long sequences (floor has
   // zero gradient, so the wrap does not disturb training).
   auto theta = std::numbers::pi * at::tanh(p.angle.to(ct));
-  auto phase = angle0.to(ct).unsqueeze(1) + at::cumsum(dt.unsqueeze(-1) * theta.unsqueeze(2), 1);
+  auto step = dt.unsqueeze(-1) * theta.unsqueeze(2);  // [B, T, H, S]
+  auto phase = at::cumsum(step, 1);
+  if (!start.defined()) {
+    phase = phase + angle0.to(ct).unsqueeze(1);
+  } else {
+    // Each token subtracts the running sum before its document's start; the row's first segment, when no
+    // document starts at t = 0, continues from angle0 instead.
+    auto st = start.to(at::kBool);
+    auto a0 = angle0.to(ct).unsqueeze(1);
+    auto fallback = at::cat({-a0, at::zeros_like(a0).expand({bsz, t - 1, h, s})}, 1);
+    auto before = at::where(st.view({bsz, t, 1, 1}), phase - step, fallback);
+    auto index = at::arange(t, start.options().dtype(at::kLong)).expand({bsz, t});
+    auto first = std::get<0>(at::cummax(at::where(st, index, at::zeros_like(index)), 1));  // [B, T]
+    phase = phase - before.gather(1, first.view({bsz, t, 1, 1}).expand_as(phase));
+    out.eps = out.eps.masked_fill(st.unsqueeze(-1), 0.0);
+    out.start = st;
+  }
   phase = phase - kTwoPi * at::floor(phase / kTwoPi);
 
   auto heads_of = [&](const at::Tensor& bc, const at::Tensor& gain, const at::Tensor& bias) {
@@ -145,7 +164,8 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_sequential(const Mamba3Sequence& 
   auto v_prev = rank_values(c.x_prev, c.mimo_x);
   auto v = rank_values(c.x, c.mimo_x);  // [B, T, H, R, P]
   auto alpha = at::exp(c.a).unsqueeze(-1).unsqueeze(-1);
-  auto beta = c.eps.unsqueeze(-1).unsqueeze(-1) * alpha;
+  auto beta = c.eps.unsqueeze(-1).unsqueeze(-1) * alpha;  // ε is 0 where a document starts
+  if (s.start.defined()) alpha = alpha * s.start.logical_not().to(alpha.scalar_type()).view({c.q.size(0), t, 1, 1, 1});
   auto gamma = c.gamma.unsqueeze(-1).unsqueeze(-1);
   auto d = c.d.view({-1, 1, 1});
   std::vector<at::Tensor> ys;
@@ -196,19 +216,36 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_chunked(const Mamba3Sequence& s, 
   auto cum = at::cumsum(chunk_scalars(c.a), -1);  // c̄, inclusive within each chunk
   auto sig = chunk_scalars(sigma), gam = chunk_scalars(c.gamma);
 
+  // Packed documents: every decay and carry between two positions applies only when no document starts in
+  // between, i.e. when both positions have the same document counter (the initial state has counter 0).
+  // doc [B, 1, nc, Q]: padded tokens take the last token's counter, so the final state follows the last document.
+  at::Tensor doc, doc_end, doc_enter;
+  if (s.start.defined()) {
+    auto counter = at::cumsum(s.start.to(at::kLong), 1);
+    counter = at::cat({counter, counter.narrow(1, t - 1, 1).expand({b, pad})}, 1);
+    doc = counter.view({b, 1, nc, q_len});
+    doc_end = doc.select(-1, q_len - 1);                                   // [B, 1, nc]
+    doc_enter = at::constant_pad_nd(doc_end, {1, 0});                     // [B, 1, nc + 1], entering chunk j
+  }
+  auto same_doc = [&](const at::Tensor& x, const at::Tensor& y) { return (x == y).to(cum.scalar_type()); };
+
   // Intra-chunk: L[t,s] = e^{c̄_t - c̄_s} σ_s below the diagonal, γ_t on it, one block per rank pair. The
   // exponent is clamped at 0 so the (masked) upper triangle cannot overflow into inf·0 = NaN.
   auto opts = cum.options();
   auto strict = at::ones({q_len, q_len}, opts).tril(-1);
   auto eye = at::eye(q_len, opts);
   auto decay = at::exp((cum.unsqueeze(-1) - cum.unsqueeze(-2)).clamp_max(0));
-  auto lmask = decay * sig.unsqueeze(-2) * strict + gam.unsqueeze(-1) * eye;  // [B, H, nc, Q, Q]
+  auto below = decay * sig.unsqueeze(-2) * strict;
+  if (doc.defined()) below = below * same_doc(doc.unsqueeze(-1), doc.unsqueeze(-2));
+  auto lmask = below + gam.unsqueeze(-1) * eye;  // [B, H, nc, Q, Q]
   lmask = lmask.unsqueeze(-1).unsqueeze(-3).expand({b, h, nc, q_len, r, q_len, r}).reshape({b, h, nc, qr, qr});
   auto y = (qc.matmul(kc.transpose(-1, -2)) * lmask).matmul(vc);  // [B, H, nc, Q·R, P]
 
   // Each chunk's own contribution to the state at its end (as if it started from zero).
   auto last = cum.narrow(-1, q_len - 1, 1);  // [B, H, nc, 1]
-  auto w_loc = per_row(at::exp(last - cum) * sig);
+  auto to_end = at::exp(last - cum) * sig;
+  if (doc.defined()) to_end = to_end * same_doc(doc, doc_end.unsqueeze(-1));
+  auto w_loc = per_row(to_end);
   auto h_loc = (vc * w_loc).transpose(-1, -2).matmul(kc);  // [B, H, nc, P, N]
 
   // Carry across chunks as one matmul: the state entering chunk j (j = nc is the final state) is
@@ -218,13 +255,20 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_chunked(const Mamba3Sequence& s, 
   auto excl = at::constant_pad_nd(incl, {1, 0});         // C_j, j = 0..nc
   auto carry_mask = at::ones({nc + 1, nc}, opts).tril(-1);
   auto carry = at::exp((excl.unsqueeze(-1) - incl.unsqueeze(-2)).clamp_max(0)) * carry_mask;  // [B, H, nc+1, nc]
+  auto from_h0 = at::exp(excl);                                                                 // [B, H, nc+1]
+  if (doc.defined()) {
+    carry = carry * same_doc(doc_enter.unsqueeze(-1), doc_end.unsqueeze(-2));
+    from_h0 = from_h0 * same_doc(doc_enter, at::zeros_like(doc_enter));
+  }
   // H_0 takes the pending β term of the cached token: β_0 = ε_0 α_0, and α_0 is part of every e^{c̄}.
   auto h0 = c.ssm + c.eps.select(1, 0).unsqueeze(-1).unsqueeze(-1) * outer_sum(rank_values(c.x_prev, c.mimo_x), c.k_prev);
-  auto states = carry.matmul(h_loc.reshape({b, h, nc, p * n})) + at::exp(excl).unsqueeze(-1) * h0.reshape({b, h, 1, p * n});
+  auto states = carry.matmul(h_loc.reshape({b, h, nc, p * n})) + from_h0.unsqueeze(-1) * h0.reshape({b, h, 1, p * n});
   states = states.view({b, h, nc + 1, p, n});
 
   // Inter-chunk: each query reads the state entering its chunk, decayed to its position.
-  y = y + per_row(at::exp(cum)) * qc.matmul(states.narrow(2, 0, nc).transpose(-1, -2));
+  auto from_enter = at::exp(cum);
+  if (doc.defined()) from_enter = from_enter * same_doc(doc, doc_enter.narrow(-1, 0, nc).unsqueeze(-1));
+  y = y + per_row(from_enter) * qc.matmul(states.narrow(2, 0, nc).transpose(-1, -2));
   y = y.view({b, h, nc * q_len, r, p}).narrow(2, 0, t).permute({0, 2, 1, 3, 4});
   y = y + c.d.view({-1, 1, 1}) * v_tok;
   return {y, {s.final_angle, states.select(2, nc), c.k.select(1, t - 1), c.x.select(1, t - 1)}};

@@ -53,6 +53,7 @@ struct Mamba3Sequence {
   at::Tensor final_angle;  // [B, H, S] phase φ after the last token, in [0, 2π)
   at::Tensor mimo_x;       // [H, R, P]; undefined for SISO
   at::Tensor d;            // [H]
+  at::Tensor start;        // [B, T] bool: a packed document starts here (the state resets); undefined: none
 };
 
 // What decoding carries from one token to the next. A zero state is the start of a sequence.
@@ -69,8 +70,11 @@ Mamba3State mamba3_zero_state(int64_t batch, int64_t heads, int64_t headdim, int
 // A = -max(f(dd_A), A_floor) with the heavy-tail f(u) = 1+u (u >= 0), 1/(1-u) (u < 0);
 // Δ = softplus(dd_dt + dt_bias); λ = σ(trap); k = RMSNorm_N(B)·w_B + B_bias (likewise q from C), then both
 // rotated by φ_t = (φ_{t-1} + Δ_t π tanh(angle_t)) mod 2π, continuing from angle0 [B, H, S].
-// Throws slm::Error on inconsistent shapes.
-Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights& w, const at::Tensor& angle0);
+// start [B, T] (bool, optional) marks where packed documents begin: there the phase restarts from 0, ε is 0
+// (no β term reaches back into the previous document) and the scans drop the state (α_t read as 0), so each
+// document runs as if it started a sequence. Throws slm::Error on inconsistent shapes.
+Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights& w, const at::Tensor& angle0,
+                                 const at::Tensor& start = {});
 
 // The recurrence one token at a time (the reference). Returns y [B, T, H, R, P] (D term included) and the
 // state after the last token.

@@ -134,10 +134,12 @@ SparseAttentionOutput sparse_attention_ref(const at::Tensor& q, const at::Tensor
   return {torch::matmul(p, vv), p};
 }
 
-at::Tensor causal_head_probs(const at::Tensor& q, const at::Tensor& k, double scale, int64_t window) {
+at::Tensor causal_head_probs(const at::Tensor& q, const at::Tensor& k, double scale, int64_t window,
+                             const at::Tensor& doc) {
   check_shapes("causal_head_probs", q, k, k, nullptr);
   if (q.size(2) > k.size(2)) throw Error("causal_head_probs: more queries than keys");
-  auto mask = causal_mask(q.size(2), k.size(2), window, q.device()).unsqueeze(0);
+  auto mask = causal_mask(q.size(2), k.size(2), window, q.device(), doc);
+  if (!doc.defined()) mask = mask.unsqueeze(0);
   return masked_head_probs(q, k, scale, [&](int64_t t0, int64_t c) { return mask.narrow(1, t0, c); });
 }
 

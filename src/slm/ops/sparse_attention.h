@@ -36,7 +36,8 @@ SparseAttentionOutput sparse_attention_ref(const at::Tensor& q, const at::Tensor
                                            const at::Tensor& index, double scale);
 
 // Dense causal attention probabilities summed over the heads, [B, T, S] (no gradient): the DSA indexer's
-// warm-up target. Same q/k layout and window rule as ops::causal_attention; computed in query chunks.
-at::Tensor causal_head_probs(const at::Tensor& q, const at::Tensor& k, double scale, int64_t window);
+// warm-up target. Same q/k layout, window and document rule as ops::causal_attention; computed in query chunks.
+at::Tensor causal_head_probs(const at::Tensor& q, const at::Tensor& k, double scale, int64_t window,
+                             const at::Tensor& doc = {});
 
 }  // namespace slm::ops

@@ -107,7 +107,10 @@ std::map<std::string, DomainScore> evaluate_model(model::HybridLM& model, const 
       auto x = batch.tokens.narrow(1, 0, windows.seq_len).to(device);
       auto y = batch.tokens.narrow(1, 1, windows.seq_len);
       // float64 on the model's device: the [batch, seq, vocab] logits (1 GiB at 8 x 1024 x 32k) stay off the host.
-      auto logits = model.forward(x).logits.to(torch::kDouble);
+      // Packed documents are scored each alone, as the trainer trains them.
+      auto docs = model::documents_from_ids(batch.doc_ids.narrow(1, 0, windows.seq_len));
+      if (docs) docs = model::to_device(*docs, device);
+      auto logits = model.forward(x, docs ? &*docs : nullptr).logits.to(torch::kDouble);
       auto token_nll = torch::nn::functional::cross_entropy(
           logits.reshape({-1, logits.size(-1)}), y.reshape({-1}).to(device),
           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));

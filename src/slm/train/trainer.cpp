@@ -468,7 +468,9 @@ int64_t Trainer::run(const std::atomic<bool>* stop, int64_t until) {
     double loss = 0;
     for (int64_t a = 0; a < cfg_.accum; ++a) {
       // Every rank reads the whole global batch (the same loader state everywhere) and trains on its rows.
-      auto tokens = s_->loader->next().tokens.narrow(0, row0, rows);
+      auto batch = s_->loader->next();
+      auto tokens = batch.tokens.narrow(0, row0, rows);
+      auto docs = batch.doc_ids.narrow(0, row0, rows);  // packed documents are trained each alone
       auto x = tokens.narrow(1, 0, s_->seq_len).to(s_->device);
       auto y = tokens.narrow(1, 1, s_->seq_len).to(s_->device);
       torch::Tensor total, main;
@@ -476,13 +478,13 @@ int64_t Trainer::run(const std::atomic<bool>* stop, int64_t until) {
         // BF16 compute, FP32 master weights and optimizer state.
         at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
         at::autocast::set_autocast_enabled(at::kCUDA, true);
-        auto out = m.loss(x, y);
+        auto out = m.loss(x, y, docs);
         at::autocast::set_autocast_enabled(at::kCUDA, false);
         at::autocast::clear_cache();
         total = out.total;
         main = out.main;
       } else {
-        auto out = m.loss(x, y);
+        auto out = m.loss(x, y, docs);
         total = out.total;
         main = out.main;
       }

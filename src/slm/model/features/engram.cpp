@@ -103,7 +103,8 @@ DilatedCausalConvImpl::DilatedCausalConvImpl(int64_t channels, int64_t kernel, i
 }
 
 std::pair<torch::Tensor, torch::Tensor> DilatedCausalConvImpl::forward(const torch::Tensor& x,
-                                                                       const torch::Tensor& tail_in) {
+                                                                       const torch::Tensor& tail_in,
+                                                                       const torch::Tensor& pos) {
   const int64_t t = x.size(1), keep = tail(), kernel = weight.size(2);
   auto prev = tail_in.defined() ? tail_in.to(x.scalar_type()) : torch::zeros({x.size(0), keep, x.size(2)}, x.options());
   auto full = torch::cat({prev, x}, 1);  // [B, keep + T, C]
@@ -111,6 +112,8 @@ std::pair<torch::Tensor, torch::Tensor> DilatedCausalConvImpl::forward(const tor
   torch::Tensor y;
   for (int64_t j = 0; j < kernel; ++j) {
     auto term = full.narrow(1, j * dilation, t) * weight.select(2, j).view({-1});
+    // Tap j reads (kernel-1-j)·dilation tokens back: the previous document where pos is smaller.
+    if (pos.defined()) term = term * (pos >= (kernel - 1 - j) * dilation).to(term.scalar_type()).unsqueeze(-1);
     y = y.defined() ? y + term : term;
   }
   return {y, full.narrow(1, t, keep)};
@@ -160,7 +163,7 @@ EngramImpl::EngramImpl(const Recipe& r, int layer, int streams_, const std::vect
   wv->weight.zero_();
 }
 
-torch::Tensor EngramImpl::rows(const torch::Tensor& ids, const torch::Tensor& window) const {
+torch::Tensor EngramImpl::rows(const torch::Tensor& ids, const torch::Tensor& window, const torch::Tensor& pos) const {
   const auto dev = table.device();
   const int64_t b = ids.size(0), t = ids.size(1), w = orders.back() - 1;
   auto before = window.defined() ? window.to(dev) : torch::full({b, w}, vocab, ids.options().device(dev));
@@ -172,7 +175,9 @@ torch::Tensor EngramImpl::rows(const torch::Tensor& ids, const torch::Tensor& wi
   int64_t group = 0;
   for (int k = 0; k < orders.back(); ++k) {
     // mix of order k+1 = mix of order k XOR x'_{t-k}·m_k.
-    auto term = seq.narrow(1, w - k, t) * m.narrow(0, k, 1);
+    auto back = seq.narrow(1, w - k, t);
+    if (pos.defined() && k > 0) back = back.masked_fill(pos.to(dev) < k, vocab);
+    auto term = back * m.narrow(0, k, 1);
     mix = mix.defined() ? torch::bitwise_xor(mix, term) : term;
     if (std::find(orders.begin(), orders.end(), k + 1) == orders.end()) continue;
     auto pr = p.narrow(0, group, heads), off = offsets.narrow(0, group, heads);
@@ -200,7 +205,7 @@ torch::Tensor EngramImpl::lookup(const torch::Tensor& rows_in) const {
 }
 
 std::pair<torch::Tensor, torch::Tensor> EngramImpl::forward(const torch::Tensor& x, const torch::Tensor& memory,
-                                                            const torch::Tensor& conv_tail) {
+                                                            const torch::Tensor& conv_tail, const torch::Tensor& pos) {
   if (x.dim() != 4 || x.size(2) != streams || x.size(3) != d_model)
     throw Error("engram: expected streams [batch, time, " + std::to_string(streams) + ", " + std::to_string(d_model) +
                 "], got " + shape_text(x));
@@ -209,7 +214,7 @@ std::pair<torch::Tensor, torch::Tensor> EngramImpl::forward(const torch::Tensor&
   auto s = (h_norm(x) * k_norm(k)).sum(-1) / std::sqrt(static_cast<double>(d_model));  // [B, T, n]
   auto gate = torch::sigmoid(torch::sign(s) * torch::sqrt(torch::clamp_min(s.abs(), kGateFloor)));
   auto gated = gate.unsqueeze(-1) * v.unsqueeze(-2);  // [B, T, n, D]
-  auto [c, tail] = conv(conv_norm(gated).flatten(-2), conv_tail);
+  auto [c, tail] = conv(conv_norm(gated).flatten(-2), conv_tail, pos);
   return {gated + torch::silu(c).view_as(gated), tail};
 }
 

@@ -52,7 +52,9 @@ class DilatedCausalConvImpl : public torch::nn::Module {
   DilatedCausalConvImpl(int64_t channels, int64_t kernel, int64_t dilation, const torch::TensorOptions& options);
   int64_t tail() const { return (weight.size(2) - 1) * dilation; }  // inputs carried between chunks
   // x [B, T, C] after the inputs in tail [B, tail(), C] (undefined: zeros); returns (y [B, T, C], new tail).
-  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& tail);
+  // pos [B, T] (optional): positions in packed documents; inputs before a document's start read as zero.
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& tail,
+                                                  const torch::Tensor& pos = {});
   torch::Tensor weight;
   int64_t dilation;
 };
@@ -96,13 +98,14 @@ class EngramImpl : public torch::nn::Module {
              const torch::TensorOptions& options);
 
   // Table rows [B, T, orders·heads] (on the table's device) of canonical ids [B, T] that follow window
-  // [B, max_order-1] (the ids before them; undefined: the sequence starts here).
-  torch::Tensor rows(const torch::Tensor& ids, const torch::Tensor& window) const;
+  // [B, max_order-1] (the ids before them; undefined: the sequence starts here). pos [B, T] (optional):
+  // positions in packed documents; ids before a document's start hash as the before-the-start id V.
+  torch::Tensor rows(const torch::Tensor& ids, const torch::Tensor& window, const torch::Tensor& pos = {}) const;
   // The gathered memory e [B, T, d_e] on the model's device.
   torch::Tensor lookup(const torch::Tensor& rows) const;
-  // Y [B, T, n, D] for streams [B, T, n, D] and their memory e; conv_tail as DilatedCausalConv.
+  // Y [B, T, n, D] for streams [B, T, n, D] and their memory e; conv_tail and pos as DilatedCausalConv.
   std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& streams, const torch::Tensor& memory,
-                                                  const torch::Tensor& conv_tail = {});
+                                                  const torch::Tensor& conv_tail = {}, const torch::Tensor& pos = {});
 
   EngramState zero_state(int64_t batch) const;
   // The window after ids [B, T] follow window.

@@ -18,9 +18,9 @@ MtpModuleImpl::MtpModuleImpl(const Recipe& r, const ModelPlan& plan, const torch
   norm = register_module("norm", RMSNorm(r.d_model, r.norm_eps, options));
 }
 
-torch::Tensor MtpModuleImpl::forward(const torch::Tensor& h_prev, const torch::Tensor& emb) {
+torch::Tensor MtpModuleImpl::forward(const torch::Tensor& h_prev, const torch::Tensor& emb, const Documents* docs) {
   auto x = proj(torch::cat({enorm(emb), hnorm(h_prev)}, -1));
-  for (auto& layer : layers) x = x + layer->forward(x);
+  for (auto& layer : layers) x = x + layer->forward(x, docs);
   return x;
 }
 

@@ -17,7 +17,8 @@ class MtpModuleImpl : public torch::nn::Module {
  public:
   MtpModuleImpl(const Recipe& recipe, const ModelPlan& plan, const torch::TensorOptions& options);
   // h_prev [B, n, D] and emb [B, n, D] (embeddings of the tokens k ahead) -> h^k [B, n, D], before "norm".
-  torch::Tensor forward(const torch::Tensor& h_prev, const torch::Tensor& emb);
+  // docs (optional): the packed documents of the n positions, for the module's layers.
+  torch::Tensor forward(const torch::Tensor& h_prev, const torch::Tensor& emb, const Documents* docs = nullptr);
 
   RMSNorm enorm{nullptr}, hnorm{nullptr}, norm{nullptr};
   Linear proj{nullptr};

@@ -8,12 +8,26 @@
 
 namespace slm::model {
 
+torch::Tensor positions(const torch::Tensor& h, const TokenCache* cache, const Documents* docs) {
+  if (docs) {
+    if (cache) throw Error("attention: packed documents are a training input; a cached sequence is one document");
+    return docs->pos;
+  }
+  const int64_t offset = cache ? cache->length() : 0;
+  return torch::arange(offset, offset + h.size(1), h.options().dtype(torch::kLong)).unsqueeze(0);
+}
+
 torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta) {
+  const int64_t t = x.size(1);
+  return apply_rope(x, torch::arange(offset, offset + t, x.options().dtype(torch::kLong)).unsqueeze(0), theta);
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta) {
   const int64_t t = x.size(1), half = x.size(3) / 2;
   // Angles in float64: float32 loses ~1e-3 rad of phase at positions near 1e5.
   auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(x.device());
   auto inv_freq = torch::pow(theta, -torch::arange(0, half, f64) / static_cast<double>(half));
-  auto angles = torch::outer(torch::arange(offset, offset + t, f64), inv_freq).view({1, t, 1, half});
+  auto angles = (positions.to(f64).unsqueeze(-1) * inv_freq).view({-1, t, 1, half});
   auto cos = angles.cos().to(x.scalar_type()), sin = angles.sin().to(x.scalar_type());
   auto x1 = x.narrow(3, 0, half), x2 = x.narrow(3, half, half);
   return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, 3);
@@ -41,11 +55,11 @@ AttentionImpl::AttentionImpl(const Recipe& r, const LayerPlan& plan, const torch
   if (plan.dsa) indexer = register_module("indexer", DsaIndexer(r, window, options));
 }
 
-torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache) {
+torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache, const Documents* docs) {
   const int64_t b = h.size(0), t = h.size(1);
-  const int64_t offset = cache ? cache->length() : 0;
-  auto q = apply_rope(wq(h).view({b, t, heads, head_dim}), offset, rope_theta);
-  auto k = apply_rope(wk(h).view({b, t, kv_heads, head_dim}), offset, rope_theta);
+  const auto pos = positions(h, cache, docs);
+  auto q = apply_rope(wq(h).view({b, t, heads, head_dim}), pos, rope_theta);
+  auto k = apply_rope(wk(h).view({b, t, kv_heads, head_dim}), pos, rope_theta);
   auto v = wv(h).view({b, t, kv_heads, head_dim});
   if (q_norm) {
     q = q_norm(q);
@@ -58,8 +72,8 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache) 
     k = cache->write(0, k);
     v = cache->write(1, v);
   }
-  auto o = indexer ? indexer->attend(h, q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim)), cache, 2)
-                   : ops::causal_attention(q, k, v, window);
+  auto o = indexer ? indexer->attend(h, q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim)), cache, 2, docs)
+                   : ops::causal_attention(q, k, v, window, std::nullopt, docs ? docs->id : torch::Tensor());
   if (cache) cache->advance(t);
   return wo(o.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }
@@ -86,8 +100,8 @@ TokenCache& AttentionLayer::token_cache(LayerCache* cache) const {
   return *c;
 }
 
-torch::Tensor AttentionLayer::forward(const torch::Tensor& x) {
-  return mla ? mla(norm(x), nullptr, false) : attn(norm(x), nullptr);
+torch::Tensor AttentionLayer::forward(const torch::Tensor& x, const Documents* docs) {
+  return mla ? mla->forward(norm(x), nullptr, false, docs) : attn->forward(norm(x), nullptr, docs);
 }
 
 torch::Tensor AttentionLayer::prefill(const torch::Tensor& x, LayerCache* cache) {

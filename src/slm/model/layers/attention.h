@@ -12,15 +12,21 @@
 
 namespace slm::model {
 
-// Rotates x [B, T, heads, hd] by the angles of positions offset..offset+T-1: the first and second halves
-// of the head dim form the (real, imaginary) pairs, frequency theta^(-2i/hd) for pair i.
+// Rotates x [B, T, heads, hd] by the angles of positions offset..offset+T-1, or of positions [B or 1, T] (int64):
+// the first and second halves of the head dim form the (real, imaginary) pairs, frequency theta^(-2i/hd) for
+// pair i.
 torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta);
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta);
+// Rotary positions [B or 1, T] of h [B, T, ...]: each token's place in its document with packed documents,
+// else the cached length onward (a cache holds one sequence per row; documents come only without a cache).
+torch::Tensor positions(const torch::Tensor& h, const TokenCache* cache, const Documents* docs);
 
 class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const Recipe& recipe, const LayerPlan& plan, const torch::TensorOptions& options);
-  // h [B, T, D] (already normalized). With a cache, h continues the cached sequence and extends it.
-  torch::Tensor forward(const torch::Tensor& h, TokenCache* cache);
+  // h [B, T, D] (already normalized). With a cache, h continues the cached sequence and extends it; without
+  // one, docs (optional) says where packed documents start.
+  torch::Tensor forward(const torch::Tensor& h, TokenCache* cache, const Documents* docs = nullptr);
   // Streams 0 (keys [B, kv_heads, capacity, head_dim]) and 1 (values), then the indexer's keys on DSA layers.
   std::unique_ptr<TokenCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const;
 
@@ -37,7 +43,7 @@ class AttentionLayer : public Layer {
   AttentionLayer(const Recipe& recipe, const LayerPlan& plan, const torch::TensorOptions& options);
   char letter() const override { return 'A'; }
   const char* class_name() const override { return "AttentionLayer"; }
-  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) override;
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
   // MLA layers decode in the weight-absorbed form; GQA layers as prefill.
   torch::Tensor decode(const torch::Tensor& x, LayerCache* cache) override;

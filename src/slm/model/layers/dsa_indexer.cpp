@@ -26,29 +26,34 @@ int64_t dsa_keys_per_query(int64_t visible, double ratio, int64_t local_window) 
   return std::min(visible, std::max(by_ratio, local_window));
 }
 
-torch::Tensor dsa_select(const torch::Tensor& scores, double ratio, int64_t local_window, int64_t window) {
+torch::Tensor dsa_select(const torch::Tensor& scores, double ratio, int64_t local_window, int64_t window,
+                         const torch::Tensor& doc) {
   torch::NoGradGuard no_grad;
   if (scores.dim() != 3) throw Error("dsa_select: scores must be [B, T, S]");
   const int64_t t = scores.size(1), s = scores.size(2), offset = s - t;
   if (offset < 0) throw Error("dsa_select: more queries than keys");
   const auto dev = scores.device();
-  auto visible = ops::causal_mask(t, s, window, dev);
+  auto visible = ops::causal_mask(t, s, window, dev, doc);  // [T, S], or [B, T, S] with documents
+  if (visible.dim() == 2) visible = visible.unsqueeze(0);
   auto lopts = torch::TensorOptions().dtype(torch::kLong).device(dev);
   auto distance = torch::arange(offset, s, lopts).unsqueeze(1) - torch::arange(0, s, lopts).unsqueeze(0);
   auto forced = visible & (distance < local_window);
   auto ranked = scores.masked_fill(visible.logical_not(), -kInf).masked_fill(forced, kInf);
 
-  std::vector<int64_t> keep(t);
+  // k(p) from the number of keys each query sees (its document's keys within the window).
+  auto seen = visible.sum(-1).cpu();  // [B or 1, T]
+  auto keep = torch::empty_like(seen);
+  auto seen_a = seen.accessor<int64_t, 2>();
+  auto keep_a = keep.accessor<int64_t, 2>();
   int64_t widest = 0;
-  for (int64_t i = 0; i < t; ++i) {
-    const int64_t seen = window > 0 ? std::min(offset + i + 1, window) : offset + i + 1;
-    keep[i] = dsa_keys_per_query(seen, ratio, local_window);
-    widest = std::max(widest, keep[i]);
-  }
+  for (int64_t r = 0; r < seen.size(0); ++r)
+    for (int64_t i = 0; i < t; ++i) {
+      keep_a[r][i] = dsa_keys_per_query(seen_a[r][i], ratio, local_window);
+      widest = std::max(widest, keep_a[r][i]);
+    }
   // A stable sort breaks ties (ReLU scores are often exactly 0) by position, identically in prefill and decode.
   auto order = std::get<1>(torch::sort(ranked, /*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(-1, 0, widest);
-  auto limit = torch::tensor(keep, torch::kLong).to(dev).view({1, t, 1});
-  return order.masked_fill(torch::arange(widest, lopts).view({1, 1, widest}) >= limit, -1);
+  return order.masked_fill(torch::arange(widest, lopts).view({1, 1, widest}) >= keep.to(dev).unsqueeze(-1), -1);
 }
 
 torch::Tensor dsa_kl(const torch::Tensor& target, const torch::Tensor& logits) {
@@ -85,20 +90,20 @@ DsaIndexerImpl::DsaIndexerImpl(const Recipe& r, int64_t window_tokens, const tor
   weights_proj = register_module("weights_proj", Linear(d, heads, options));
 }
 
-torch::Tensor DsaIndexerImpl::rope(const torch::Tensor& x, int64_t offset) const {
+torch::Tensor DsaIndexerImpl::rope(const torch::Tensor& x, const torch::Tensor& positions) const {
   if (rope_dims == 0) return x;
   return torch::cat(
-      {apply_rope(x.narrow(-1, 0, rope_dims), offset, rope_theta), x.narrow(-1, rope_dims, dim - rope_dims)}, -1);
+      {apply_rope(x.narrow(-1, 0, rope_dims), positions, rope_theta), x.narrow(-1, rope_dims, dim - rope_dims)}, -1);
 }
 
-torch::Tensor DsaIndexerImpl::keys(const torch::Tensor& h, int64_t offset) {
+torch::Tensor DsaIndexerImpl::keys(const torch::Tensor& h, const torch::Tensor& positions) {
   const int64_t b = h.size(0), t = h.size(1);
-  return rope(k_norm(wk(h)).view({b, t, 1, dim}), offset).view({b, t, dim});
+  return rope(k_norm(wk(h)).view({b, t, 1, dim}), positions).view({b, t, dim});
 }
 
-torch::Tensor DsaIndexerImpl::scores(const torch::Tensor& h, const torch::Tensor& keys) {
+torch::Tensor DsaIndexerImpl::scores(const torch::Tensor& h, const torch::Tensor& keys, const torch::Tensor& positions) {
   const int64_t b = h.size(0), t = h.size(1), s = keys.size(1);
-  auto q = rope(wq(h).view({b, t, heads, dim}), s - t);
+  auto q = rope(wq(h).view({b, t, heads, dim}), positions);
   auto w = weights_proj(h) * (1.0 / std::sqrt(static_cast<double>(heads * dim)));
   auto kt = keys.transpose(1, 2);  // [B, d_I, S]
   const int64_t chunk = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(1, b * heads * s));
@@ -116,24 +121,27 @@ int DsaIndexerImpl::add_stream(TokenCache& cache, int64_t batch) const {
 }
 
 torch::Tensor DsaIndexerImpl::attend(const torch::Tensor& h, const torch::Tensor& q, const torch::Tensor& k,
-                                     const torch::Tensor& v, double scale, TokenCache* cache, int slot) {
+                                     const torch::Tensor& v, double scale, TokenCache* cache, int slot,
+                                     const Documents* docs) {
   const int64_t t = q.size(2), s = k.size(2);
   const bool train = is_training() && !cache;
   auto x = h.detach();
-  auto new_keys = keys(x, s - t);
+  const auto pos = positions(x, cache, docs);
+  const auto doc = docs ? docs->id : torch::Tensor();
+  auto new_keys = keys(x, pos);
   auto all_keys = cache ? cache->write(slot, new_keys) : new_keys;
   loss_ = torch::Tensor();
   if (stage == DsaStage::Warmup) {
-    auto out = ops::causal_attention(q, k, v, window, scale);
+    auto out = ops::causal_attention(q, k, v, window, scale, doc);
     if (train) {
-      auto target = ops::causal_head_probs(q.detach(), k.detach(), scale, window) / static_cast<double>(q.size(1));
-      auto visible = ops::causal_mask(t, s, window, q.device());
-      loss_ = dsa_kl(target, scores(x, all_keys).masked_fill(visible.logical_not(), -kInf));
+      auto target = ops::causal_head_probs(q.detach(), k.detach(), scale, window, doc) / static_cast<double>(q.size(1));
+      auto visible = ops::causal_mask(t, s, window, q.device(), doc);
+      loss_ = dsa_kl(target, scores(x, all_keys, pos).masked_fill(visible.logical_not(), -kInf));
     }
     return out;
   }
-  auto sc = scores(x, all_keys);
-  auto index = dsa_select(sc, ratio, local_window, window);
+  auto sc = scores(x, all_keys, pos);
+  auto index = dsa_select(sc, ratio, local_window, window, doc);
   auto res = ops::sparse_attention(q, k, v, index, scale, train);
   if (train) {
     auto picked = sc.gather(-1, index.clamp_min(0)).masked_fill(index < 0, -kInf);

@@ -27,8 +27,10 @@ enum class DsaStage { Warmup, Sparse };
 int64_t dsa_keys_per_query(int64_t visible, double ratio, int64_t local_window);
 
 // Selection from indexer scores [B, T, S] of queries at positions S-T..S-1: key positions [B, T, K] sorted by
-// score (the local window first), -1 in the slots beyond a query's k(p). No gradient.
-torch::Tensor dsa_select(const torch::Tensor& scores, double ratio, int64_t local_window, int64_t window);
+// score (the local window first), -1 in the slots beyond a query's k(p). No gradient. With document ids doc [B, S]
+// (packed rows) a query sees only its own document's keys, and k(p) counts those.
+torch::Tensor dsa_select(const torch::Tensor& scores, double ratio, int64_t local_window, int64_t window,
+                         const torch::Tensor& doc = {});
 
 // sum_t KL(target_t || softmax(logits_t)) / rows, over the last dim: target rows sum to 1 (zeros allowed),
 // logits are -inf exactly where the target is not defined. The DSA indexer loss.
@@ -48,17 +50,17 @@ TORCH_MODULE(LayerNorm);
 class DsaIndexerImpl : public torch::nn::Module {
  public:
   DsaIndexerImpl(const Recipe& recipe, int64_t window, const torch::TensorOptions& options);
-  // Keys [B, T, d_I] of h [B, T, D] at positions offset..
-  torch::Tensor keys(const torch::Tensor& h, int64_t offset);
-  // Scores [B, T, S] of queries h [B, T, D] (positions S-T..) against keys [B, S, d_I]; not masked.
-  torch::Tensor scores(const torch::Tensor& h, const torch::Tensor& keys);
+  // Keys [B, T, d_I] of h [B, T, D] at rotary positions [B or 1, T] (attention.h positions()).
+  torch::Tensor keys(const torch::Tensor& h, const torch::Tensor& positions);
+  // Scores [B, T, S] of queries h [B, T, D] (rotary positions [B or 1, T]) against keys [B, S, d_I]; not masked.
+  torch::Tensor scores(const torch::Tensor& h, const torch::Tensor& keys, const torch::Tensor& positions);
 
   // The main attention of a DSA layer for the core's q [B, H, T, dk], k [B, KV, S, dk], v [B, KV, S, dv]
   // (queries at S-T..), given the normalised layer input h [B, T, D]. With a cache, the indexer keys of h are
   // written to its stream `slot` (the caller advances the cache). In training mode the KL term is kept for
-  // loss().
+  // loss(). docs (without a cache): packed documents, each attended alone.
   torch::Tensor attend(const torch::Tensor& h, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                       double scale, TokenCache* cache, int slot);
+                       double scale, TokenCache* cache, int slot, const Documents* docs = nullptr);
   // The indexer KL of the last training-mode attend (undefined before one).
   const torch::Tensor& loss() const { return loss_; }
   // The cache stream of the indexer keys, [B, capacity, d_I].
@@ -71,7 +73,7 @@ class DsaIndexerImpl : public torch::nn::Module {
   LayerNorm k_norm{nullptr};
 
  private:
-  torch::Tensor rope(const torch::Tensor& x, int64_t offset) const;
+  torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& positions) const;
   torch::Tensor loss_;
 };
 TORCH_MODULE(DsaIndexer);

@@ -26,12 +26,18 @@ CausalConvImpl::CausalConvImpl(int64_t channels, int64_t kernel, const torch::Te
   bias = register_parameter("bias", torch::empty({channels}, options).uniform_(-bound, bound));
 }
 
-std::pair<torch::Tensor, torch::Tensor> CausalConvImpl::forward(const torch::Tensor& x, const torch::Tensor& state) {
+std::pair<torch::Tensor, torch::Tensor> CausalConvImpl::forward(const torch::Tensor& x, const torch::Tensor& state,
+                                                                const torch::Tensor& pos) {
   const int64_t t = x.size(1), kernel = weight.size(2);
   auto full = torch::cat({state.to(x.scalar_type()), x.transpose(1, 2)}, 2);  // [B, C, kernel - 1 + T]
   // A few shifted multiply-adds: at::conv1d's backends cost far more per call than this on decode-sized inputs.
   auto y = bias.view({1, -1, 1});
-  for (int64_t j = 0; j < kernel; ++j) y = y + full.narrow(2, j, t) * weight.select(2, j).view({1, -1, 1});
+  for (int64_t j = 0; j < kernel; ++j) {
+    auto term = full.narrow(2, j, t) * weight.select(2, j).view({1, -1, 1});
+    // Tap j reads the input kernel-1-j tokens back, which lies in the previous document when pos is smaller.
+    if (pos.defined()) term = term * (pos >= kernel - 1 - j).to(term.scalar_type()).unsqueeze(1);
+    y = y + term;
+  }
   return {torch::silu(y).transpose(1, 2), full.narrow(2, t, kernel - 1)};
 }
 
@@ -66,10 +72,11 @@ M2RNNState M2RNNImpl::zero_state(int64_t batch) const {
           torch::zeros({batch, heads, k_dim, v_dim}, D.options())};
 }
 
-std::pair<torch::Tensor, M2RNNState> M2RNNImpl::forward(const torch::Tensor& h, const M2RNNState& state) {
+std::pair<torch::Tensor, M2RNNState> M2RNNImpl::forward(const torch::Tensor& h, const M2RNNState& state,
+                                                        const Documents* docs) {
   const int64_t b = h.size(0), t = h.size(1), qk = qk_heads * k_dim;
   auto parts = in_proj(h).split_with_sizes({conv_channels, heads, heads * v_dim}, -1);
-  auto [qkv, conv_state] = conv(parts[0], state.conv);
+  auto [qkv, conv_state] = conv(parts[0], state.conv, docs ? docs->pos : torch::Tensor());
   auto qkv_parts = qkv.split_with_sizes({qk, qk, heads * v_dim}, -1);
   auto q = qkv_parts[0].reshape({b, t, qk_heads, k_dim}).repeat_interleave(heads / qk_heads, 2);
   auto k = qkv_parts[1].reshape({b, t, qk_heads, k_dim}).repeat_interleave(heads / qk_heads, 2);
@@ -81,7 +88,8 @@ std::pair<torch::Tensor, M2RNNState> M2RNNImpl::forward(const torch::Tensor& h, 
                                         D, state.h);
     y = y.unsqueeze(1);
   } else {
-    std::tie(y, next) = ops::m2rnn_scan(q, k, v, f, state_weight, D, state.h, grad_clip, kCheckpointEvery);
+    std::tie(y, next) = ops::m2rnn_scan(q, k, v, f, state_weight, D, state.h, grad_clip, kCheckpointEvery,
+                                        docs ? docs->start : torch::Tensor());
   }
   auto o = out_norm(y.reshape({b, t, heads * v_dim}) * torch::silu(parts[2]));
   return {out_proj(o), {conv_state, next}};
@@ -91,7 +99,9 @@ M2RNNLayer::M2RNNLayer(const Recipe& r, const torch::TensorOptions& options) : L
   m2rnn = register_module("m2rnn", M2RNN(r, options));
 }
 
-torch::Tensor M2RNNLayer::forward(const torch::Tensor& x) { return m2rnn(norm(x), m2rnn->zero_state(x.size(0))).first; }
+torch::Tensor M2RNNLayer::forward(const torch::Tensor& x, const Documents* docs) {
+  return m2rnn(norm(x), m2rnn->zero_state(x.size(0)), docs).first;
+}
 
 torch::Tensor M2RNNLayer::prefill(const torch::Tensor& x, LayerCache* cache) {
   auto* c = dynamic_cast<M2RNNCache*>(cache);

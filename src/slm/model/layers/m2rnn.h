@@ -21,8 +21,10 @@ using M2RNNCache = RecurrentCache<M2RNNState>;
 class CausalConvImpl : public torch::nn::Module {
  public:
   CausalConvImpl(int64_t channels, int64_t kernel, const torch::TensorOptions& options);
-  // Returns the activations [B, T, C] and the new conv state [B, C, kernel - 1].
-  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& state);
+  // Returns the activations [B, T, C] and the new conv state [B, C, kernel - 1]. pos [B, T] (optional): each
+  // token's position in its packed document; inputs before a document's start read as zero.
+  std::pair<torch::Tensor, torch::Tensor> forward(const torch::Tensor& x, const torch::Tensor& state,
+                                                  const torch::Tensor& pos = {});
   torch::Tensor weight, bias;  // [C, 1, kernel], [C]
 };
 TORCH_MODULE(CausalConv);
@@ -30,8 +32,10 @@ TORCH_MODULE(CausalConv);
 class M2RNNImpl : public torch::nn::Module {
  public:
   M2RNNImpl(const Recipe& recipe, const torch::TensorOptions& options);
-  // h [B, T, D] (already normalized) continuing from state; returns the mixer output and the new state.
-  std::pair<torch::Tensor, M2RNNState> forward(const torch::Tensor& h, const M2RNNState& state);
+  // h [B, T, D] (already normalized) continuing from state; returns the mixer output and the new state. docs
+  // (optional): packed documents, each starting from a zero state and zero conv inputs.
+  std::pair<torch::Tensor, M2RNNState> forward(const torch::Tensor& h, const M2RNNState& state,
+                                               const Documents* docs = nullptr);
   M2RNNState zero_state(int64_t batch) const;
 
   int64_t heads, qk_heads, k_dim, v_dim, conv_channels;
@@ -49,7 +53,7 @@ class M2RNNLayer : public Layer {
   M2RNNLayer(const Recipe& recipe, const torch::TensorOptions& options);
   char letter() const override { return 'R'; }
   const char* class_name() const override { return "M2RNNLayer"; }
-  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) override;
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
   std::unique_ptr<LayerCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const override;
 

@@ -66,7 +66,8 @@ ops::Mamba3State Mamba3Impl::zero_state(int64_t batch) const {
   return ops::mamba3_zero_state(batch, heads, headdim, d_state, rank, angles, o);
 }
 
-std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tensor& h, const ops::Mamba3State& state) {
+std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tensor& h, const ops::Mamba3State& state,
+                                                               const torch::Tensor& start) {
   const int64_t b = h.size(0), t = h.size(1), bc = rank * groups * d_state;
   auto parts = in_proj(h).split_with_sizes({d_inner, d_inner, bc, bc, heads, heads, heads, angles}, -1);
   ops::Mamba3Projections p{parts[1].view({b, t, heads, headdim}),
@@ -76,7 +77,7 @@ std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tens
                            parts[5],
                            parts[6],
                            parts[7]};
-  auto seq = ops::mamba3_preprocess(p, weights(), state.angle);
+  auto seq = ops::mamba3_preprocess(p, weights(), state.angle, start);
   auto [y, next] = t == 1 ? ops::mamba3_step(seq, state) : ops::mamba3_scan_chunked(seq, state, chunk_size);
   auto z = parts[0].view({b, t, heads, headdim});
   auto o = ops::mamba3_gate(y, z, mimo_z, mimo_o, out_norm ? out_norm->weight : torch::Tensor(), kMamba3NormEps);
@@ -87,7 +88,9 @@ Mamba3Layer::Mamba3Layer(const Recipe& r, const torch::TensorOptions& options) :
   mamba = register_module("mamba", Mamba3(r, options));
 }
 
-torch::Tensor Mamba3Layer::forward(const torch::Tensor& x) { return mamba(norm(x), mamba->zero_state(x.size(0))).first; }
+torch::Tensor Mamba3Layer::forward(const torch::Tensor& x, const Documents* docs) {
+  return mamba(norm(x), mamba->zero_state(x.size(0)), docs ? docs->start : torch::Tensor()).first;
+}
 
 torch::Tensor Mamba3Layer::prefill(const torch::Tensor& x, LayerCache* cache) {
   auto* c = dynamic_cast<Mamba3Cache*>(cache);

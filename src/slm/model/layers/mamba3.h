@@ -17,8 +17,10 @@ class Mamba3Impl : public torch::nn::Module {
  public:
   Mamba3Impl(const Recipe& recipe, const torch::TensorOptions& options);
   // h [B, T, D] (already normalized) continuing from state; returns the mixer output [B, T, D] and the state
-  // after the last token. T > 1 runs the chunked form, T == 1 the decode step.
-  std::pair<torch::Tensor, ops::Mamba3State> forward(const torch::Tensor& h, const ops::Mamba3State& state);
+  // after the last token. T > 1 runs the chunked form, T == 1 the decode step. start [B, T] (optional): where
+  // packed documents begin (ops::mamba3_preprocess).
+  std::pair<torch::Tensor, ops::Mamba3State> forward(const torch::Tensor& h, const ops::Mamba3State& state,
+                                                     const torch::Tensor& start = {});
   ops::Mamba3State zero_state(int64_t batch) const;
   ops::Mamba3Weights weights() const;
 
@@ -37,7 +39,7 @@ class Mamba3Layer : public Layer {
   Mamba3Layer(const Recipe& recipe, const torch::TensorOptions& options);
   char letter() const override { return 'M'; }
   const char* class_name() const override { return "Mamba3Layer"; }
-  torch::Tensor forward(const torch::Tensor& x) override;
+  torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) override;
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
   std::unique_ptr<LayerCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const override;
 

@@ -38,15 +38,15 @@ MlaImpl::MlaImpl(const Recipe& r, const LayerPlan& plan, const torch::TensorOpti
   if (plan.dsa) indexer = register_module("indexer", DsaIndexer(r, window, options));
 }
 
-torch::Tensor MlaImpl::forward(const torch::Tensor& h, TokenCache* cache, bool absorbed) {
+torch::Tensor MlaImpl::forward(const torch::Tensor& h, TokenCache* cache, bool absorbed, const Documents* docs) {
   const int64_t b = h.size(0), t = h.size(1);
-  const int64_t offset = cache ? cache->length() : 0;
+  const auto pos = positions(h, cache, docs);
   auto q = (wq ? wq(h) : wq_b(q_a_norm(wq_a(h)))).view({b, t, heads, nope_dim + rope_dim});
   auto q_nope = q.narrow(3, 0, nope_dim);
-  auto q_rope = apply_rope(q.narrow(3, nope_dim, rope_dim), offset, rope_theta);
+  auto q_rope = apply_rope(q.narrow(3, nope_dim, rope_dim), pos, rope_theta);
   auto kv = wkv_a(h);
   auto latent = kv_a_norm(kv.narrow(2, 0, kv_lora_rank));
-  auto k_rope = apply_rope(kv.narrow(2, kv_lora_rank, rope_dim).unsqueeze(2), offset, rope_theta).squeeze(2);
+  auto k_rope = apply_rope(kv.narrow(2, kv_lora_rank, rope_dim).unsqueeze(2), pos, rope_theta).squeeze(2);
   if (cache) {
     latent = cache->write(0, latent);
     k_rope = cache->write(1, k_rope);
@@ -71,7 +71,8 @@ torch::Tensor MlaImpl::forward(const torch::Tensor& h, TokenCache* cache, bool a
     ka = torch::cat({kvb.narrow(3, 0, nope_dim), k_shared}, -1).transpose(1, 2);
     va = kvb.narrow(3, nope_dim, v_dim).transpose(1, 2);
   }
-  auto o = indexer ? indexer->attend(h, qa, ka, va, scale, cache, 2) : ops::causal_attention(qa, ka, va, window, scale);
+  auto o = indexer ? indexer->attend(h, qa, ka, va, scale, cache, 2, docs)
+                   : ops::causal_attention(qa, ka, va, window, scale, docs ? docs->id : torch::Tensor());
   if (cache) cache->advance(t);
   o = absorbed ? torch::einsum("bhtc,hvc->bthv", {o, w_ukv.narrow(1, nope_dim, v_dim)}) : o.transpose(1, 2);
   return wo(o.reshape({b, t, heads * v_dim}));

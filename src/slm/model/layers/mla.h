@@ -23,7 +23,7 @@ class MlaImpl : public torch::nn::Module {
  public:
   MlaImpl(const Recipe& recipe, const LayerPlan& plan, const torch::TensorOptions& options);
   // h [B, T, D] (already normalised); with a cache, h continues the cached sequence and extends it.
-  torch::Tensor forward(const torch::Tensor& h, TokenCache* cache, bool absorbed);
+  torch::Tensor forward(const torch::Tensor& h, TokenCache* cache, bool absorbed, const Documents* docs = nullptr);
   // Streams 0 (latents) and 1 (rope keys), then the indexer's keys on DSA layers.
   std::unique_ptr<TokenCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const;
 

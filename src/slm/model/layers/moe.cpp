@@ -167,7 +167,7 @@ MoELayer::MoELayer(const Recipe& r, const torch::TensorOptions& options) : Layer
   moe = register_module("moe", MoE(r, options));
 }
 
-torch::Tensor MoELayer::forward(const torch::Tensor& x) { return moe(norm(x)); }
+torch::Tensor MoELayer::forward(const torch::Tensor& x, const Documents*) { return moe(norm(x)); }
 
 torch::Tensor MoELayer::prefill(const torch::Tensor& x, LayerCache*) { return moe(norm(x)); }
 
