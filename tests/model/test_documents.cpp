@@ -10,6 +10,7 @@
 #include "slm/model/documents.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/layers/dsa_indexer.h"
+#include "slm/ops/attention.h"
 
 using namespace slm;
 using namespace slm::test;
@@ -34,7 +35,9 @@ TEST(Documents, FromIdsGivesStartsAndPositions) {
   ASSERT_TRUE(d.has_value());
   EXPECT_TRUE(torch::equal(d->start, torch::tensor({1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0}, torch::kBool).view({2, 6})));
   EXPECT_TRUE(torch::equal(d->pos, torch::tensor({0, 1, 0, 1, 2, 0, 0, 1, 2, 3, 4, 5}, torch::kLong).view({2, 6})));
-  EXPECT_TRUE(torch::equal(d->id, torch::tensor({0, 0, 1, 1, 1, 2, 0, 0, 0, 0, 0, 0}, torch::kLong).view({2, 6})));
+  EXPECT_TRUE(torch::equal(d->spans.id, torch::tensor({0, 0, 1, 1, 1, 2, 0, 0, 0, 0, 0, 0}, torch::kLong).view({2, 6})));
+  EXPECT_TRUE(torch::equal(d->spans.cu_seqlens, torch::tensor({0, 2, 5, 6, 12}, torch::kInt)));
+  EXPECT_EQ(d->spans.max_len, 6);
   // Rows of one document each are the unpacked path.
   EXPECT_FALSE(model::documents_from_ids(torch::zeros({3, 5}, torch::kInt)).has_value());
   EXPECT_THROW(model::documents_from_ids(torch::zeros({5}, torch::kInt)), Error);
@@ -123,4 +126,34 @@ TEST(Documents, MtpTargetsDoNotCrossDocuments) {
   auto main_nll = torch::nn::functional::cross_entropy(fwd.logits[0], y[0]).item<double>();
   EXPECT_NEAR(out.main.item<double>(), main_nll, 1e-12);
   EXPECT_THROW(m.loss(x, y, doc_ids.narrow(1, 0, t)), Error);  // doc ids cover the window, T+1 tokens
+}
+
+// On CUDA in BF16, packed documents and windows take flash attention's variable-length form: it equals the masked
+// float64 reference on the same (BF16-rounded) inputs, forward and gradients, GQA included.
+TEST(Documents, FlashAttentionMatchesTheMaskedReferenceOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(4);
+  const int64_t b = 3, h = 4, kv = 2, t = 70, hd = 32;
+  auto docs = model::documents_from_ids(ids_of({{45, 25}, {16, 30, 24}, {2, 1, 67}}));
+  ASSERT_TRUE(docs.has_value());
+  auto on_gpu = model::to_device(*docs, torch::kCUDA);
+  for (bool packed : {true, false})
+    for (int64_t window : {0, 5, 40}) {
+      if (!packed && window == 0) continue;  // plain causal SDPA, not the flash path under test
+      SCOPED_TRACE("packed " + std::to_string(packed) + ", window " + std::to_string(window));
+      auto bf = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+      auto q = torch::randn({b, h, t, hd}, bf).requires_grad_(), k = torch::randn({b, kv, t, hd}, bf).requires_grad_();
+      auto v = torch::randn({b, kv, t, hd}, bf).requires_grad_();
+      auto w = torch::randn({b, h, t, hd}, torch::kDouble);
+      auto out = ops::causal_attention(q, k, v, window, std::nullopt, packed ? &on_gpu.spans : nullptr);
+      auto g = torch::autograd::grad({(out.to(torch::kDouble).cpu() * w).sum()}, {q, k, v});
+      auto q64 = q.detach().cpu().to(torch::kDouble).requires_grad_(), k64 = k.detach().cpu().to(torch::kDouble).requires_grad_();
+      auto v64 = v.detach().cpu().to(torch::kDouble).requires_grad_();
+      auto ref = ops::causal_attention_ref(q64, k64, v64, window, std::nullopt, packed ? &docs->spans : nullptr);
+      auto g_ref = torch::autograd::grad({(ref * w).sum()}, {q64, k64, v64});
+      EXPECT_LT(max_abs_diff(out.cpu(), ref), 2e-2);
+      for (int i = 0; i < 3; ++i)
+        EXPECT_LT(max_abs_diff(g[i].cpu(), g_ref[i]), 5e-2 * std::max(1.0, g_ref[i].abs().max().item<double>()))
+            << "gradient " << i;
+    }
 }

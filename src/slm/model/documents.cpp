@@ -17,20 +17,29 @@ std::optional<Documents> documents_from_ids(const at::Tensor& doc_ids) {
   if (!change.any().item<bool>()) return std::nullopt;
   Documents d;
   d.start = at::cat({at::ones({b, 1}, change.options()), change}, 1);
-  d.id = at::cumsum(d.start.to(at::kLong), 1) - 1;
+  d.spans.id = at::cumsum(d.start.to(at::kLong), 1) - 1;
   auto index = at::arange(t, ids.options()).expand({b, t});
   // The index of each token's document start: the running maximum of the start indices.
   auto first = std::get<0>(at::cummax(at::where(d.start, index, at::zeros_like(index)), 1));
   d.pos = index - first;
+  // Document boundaries in the flattened rows, computed here (where the ids are, usually the host) so the flash
+  // kernel's arguments cost no device-to-host copy in the step.
+  auto flat_starts = at::nonzero(d.start.reshape({-1})).reshape({-1});
+  auto cu = at::cat({flat_starts, at::full({1}, b * t, flat_starts.options())});
+  d.spans.cu_seqlens = cu.to(at::kInt);
+  d.spans.max_len = (cu.narrow(0, 1, cu.size(0) - 1) - cu.narrow(0, 0, cu.size(0) - 1)).max().item<int64_t>();
   return d;
 }
 
 Documents to_device(const Documents& d, const at::Device& device) {
-  return {d.id.to(device), d.pos.to(device), d.start.to(device)};
+  return {{d.spans.id.to(device), d.spans.cu_seqlens.to(device), d.spans.max_len}, d.pos.to(device),
+          d.start.to(device)};
 }
 
 Documents narrow_documents(const Documents& d, int64_t n) {
-  return {d.id.narrow(1, 0, n), d.pos.narrow(1, 0, n), d.start.narrow(1, 0, n)};
+  // Without the flash boundaries: recomputing them would copy to the host in the step, and attention falls back
+  // to its masked form for these (MTP) layers.
+  return {{d.spans.id.narrow(1, 0, n), at::Tensor(), 0}, d.pos.narrow(1, 0, n), d.start.narrow(1, 0, n)};
 }
 
 }  // namespace slm::model

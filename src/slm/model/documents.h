@@ -9,12 +9,14 @@
 
 #include <optional>
 
+#include "slm/ops/attention.h"
+
 namespace slm::model {
 
 struct Documents {
-  at::Tensor id;     // [B, T] int64: 0 for the row's first document, +1 at each document start
-  at::Tensor pos;    // [B, T] int64: position of each token in its document (the row's first token is at 0)
-  at::Tensor start;  // [B, T] bool: a document starts here (pos == 0)
+  ops::PackedSpans spans;  // id [B, T] int64 (0 for the row's first document, +1 at each start), cu_seqlens, max_len
+  at::Tensor pos;          // [B, T] int64: position of each token in its document (the row's first token is at 0)
+  at::Tensor start;        // [B, T] bool: a document starts here (pos == 0)
 };
 
 // From the loader's ids (data::Batch::doc_ids, or any [B, T] integer ids that change exactly where a document
@@ -25,7 +27,7 @@ std::optional<Documents> documents_from_ids(const at::Tensor& doc_ids);
 // The same Documents on another device.
 Documents to_device(const Documents& d, const at::Device& device);
 
-// The first n positions (MTP module k runs on positions 0..T-k-1).
+// The first n positions (MTP module k runs on positions 0..T-k-1), without the flash boundaries.
 Documents narrow_documents(const Documents& d, int64_t n);
 
 }  // namespace slm::model

@@ -31,15 +31,48 @@ at::Tensor causal_mask(int64_t t, int64_t s, int64_t window, const at::Device& d
   return mask.unsqueeze(0) & (d.narrow(1, s - t, t).unsqueeze(2) == d.unsqueeze(1));
 }
 
+namespace {
+
+// The flash kernel takes BF16/FP16 with equal q/k/v head dims (a multiple of 8, at most 256) and any number of
+// query heads per kv head.
+bool flash_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const auto dt = q.scalar_type();
+  return q.is_cuda() && (dt == at::kBFloat16 || dt == at::kHalf) && k.scalar_type() == dt && v.scalar_type() == dt &&
+         q.size(3) == v.size(3) && q.size(3) % 8 == 0 && q.size(3) <= 256 && q.size(2) == k.size(2);
+}
+
+// Causal attention with a window (0: none) over documents: the rows' tokens flattened and cut at cu_seqlens
+// (every row is one document when docs is null).
+at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
+                           std::optional<double> scale, const PackedSpans* docs) {
+  const int64_t b = q.size(0), h = q.size(1), t = q.size(2);
+  auto tokens = [&](const at::Tensor& x) { return x.transpose(1, 2).reshape({b * t, x.size(1), x.size(3)}); };
+  at::Tensor cu = docs ? docs->cu_seqlens
+                       : at::arange(0, (b + 1) * t, t, q.options().dtype(at::kInt));  // one document per row
+  const int64_t longest = docs ? docs->max_len : t;
+  std::optional<int64_t> left;
+  if (window > 0 && window < longest) left = window - 1;  // the query itself and window - 1 keys before it
+  auto out = std::get<0>(at::_flash_attention_forward(tokens(q), tokens(k), tokens(v), cu, cu, longest, longest, 0.0,
+                                                      /*is_causal=*/true, false, scale, left,
+                                                      left ? std::optional<int64_t>(0) : std::nullopt));
+  return out.view({b, t, h, q.size(3)}).transpose(1, 2);
+}
+
+}  // namespace
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
-                            std::optional<double> scale, const at::Tensor& doc) {
+                            std::optional<double> scale, const PackedSpans* docs) {
   check_shapes(q, k, v);
   const int64_t t = q.size(2), s = k.size(2);
   const bool gqa = q.size(1) != k.size(1);
-  if (doc.defined())  // [B, 1, T, S]: one mask per row, shared by the heads
-    return at::scaled_dot_product_attention(q, k, v, causal_mask(t, s, window, q.device(), doc).unsqueeze(1), 0.0,
-                                            false, scale, gqa);
   const bool window_binds = window > 0 && window < s;
+  if ((docs || window_binds) && (!docs || docs->cu_seqlens.defined()) && flash_fits(q, k, v))
+    return flash_attention(q, k, v, window, scale, docs);
+  if (docs) {  // [B, 1, T, S]: one mask per row, shared by the heads
+    if (t != s) throw Error("causal_attention: packed documents need the whole rows (T == S)");
+    return at::scaled_dot_product_attention(q, k, v, causal_mask(t, s, window, q.device(), docs->id).unsqueeze(1), 0.0,
+                                            false, scale, gqa);
+  }
   if (!window_binds && t == s)  // is_causal aligns the mask top-left, which is right only when T == S
     return at::scaled_dot_product_attention(q, k, v, {}, 0.0, true, scale, gqa);
   if (!window_binds && t == 1) return at::scaled_dot_product_attention(q, k, v, {}, 0.0, false, scale, gqa);
@@ -47,15 +80,15 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
 }
 
 at::Tensor causal_attention_ref(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
-                                std::optional<double> scale, const at::Tensor& doc) {
+                                std::optional<double> scale, const PackedSpans* docs) {
   check_shapes(q, k, v);
   const int64_t group = q.size(1) / k.size(1);
   auto kk = k.repeat_interleave(group, 1);
   auto vv = v.repeat_interleave(group, 1);
   const double c = scale.value_or(1.0 / std::sqrt(static_cast<double>(q.size(3))));
   auto scores = torch::matmul(q, kk.transpose(-2, -1)) * c;
-  auto mask = causal_mask(q.size(2), k.size(2), window, q.device(), doc);
-  if (doc.defined()) mask = mask.unsqueeze(1);
+  auto mask = causal_mask(q.size(2), k.size(2), window, q.device(), docs ? docs->id : at::Tensor());
+  if (docs) mask = mask.unsqueeze(1);
   scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity());
   return torch::matmul(torch::softmax(scores, -1), vv);
 }

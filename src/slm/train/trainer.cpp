@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #ifdef SLM_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <cuda_runtime_api.h>
 #endif
@@ -545,6 +546,12 @@ int64_t Trainer::run(const std::atomic<bool>* stop, int64_t until) {
                           {"tokens", s_->tokens_seen},
                           {"tokens_per_s", tps}};
       if (mfu > 0) j["mfu"] = mfu;
+#ifdef SLM_WITH_CUDA
+      if (s_->device.is_cuda()) {  // what the step needed at most, for the memory budget of larger runs
+        const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(s_->device.index());
+        j["gpu_peak_gib"] = static_cast<double>(stats.allocated_bytes[0].peak) / (1ull << 30);
+      }
+#endif
       if (!finite) j["skipped"] = true;
       s_->metrics << j.dump() << "\n" << std::flush;
     }

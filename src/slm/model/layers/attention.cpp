@@ -73,7 +73,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache, 
     v = cache->write(1, v);
   }
   auto o = indexer ? indexer->attend(h, q, k, v, 1.0 / std::sqrt(static_cast<double>(head_dim)), cache, 2, docs)
-                   : ops::causal_attention(q, k, v, window, std::nullopt, docs ? docs->id : torch::Tensor());
+                   : ops::causal_attention(q, k, v, window, std::nullopt, docs ? &docs->spans : nullptr);
   if (cache) cache->advance(t);
   return wo(o.transpose(1, 2).reshape({b, t, heads * head_dim}));
 }

@@ -127,12 +127,12 @@ torch::Tensor DsaIndexerImpl::attend(const torch::Tensor& h, const torch::Tensor
   const bool train = is_training() && !cache;
   auto x = h.detach();
   const auto pos = positions(x, cache, docs);
-  const auto doc = docs ? docs->id : torch::Tensor();
+  const auto doc = docs ? docs->spans.id : torch::Tensor();
   auto new_keys = keys(x, pos);
   auto all_keys = cache ? cache->write(slot, new_keys) : new_keys;
   loss_ = torch::Tensor();
   if (stage == DsaStage::Warmup) {
-    auto out = ops::causal_attention(q, k, v, window, scale, doc);
+    auto out = ops::causal_attention(q, k, v, window, scale, docs ? &docs->spans : nullptr);
     if (train) {
       auto target = ops::causal_head_probs(q.detach(), k.detach(), scale, window, doc) / static_cast<double>(q.size(1));
       auto visible = ops::causal_mask(t, s, window, q.device(), doc);

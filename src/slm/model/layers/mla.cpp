@@ -72,7 +72,7 @@ torch::Tensor MlaImpl::forward(const torch::Tensor& h, TokenCache* cache, bool a
     va = kvb.narrow(3, nope_dim, v_dim).transpose(1, 2);
   }
   auto o = indexer ? indexer->attend(h, qa, ka, va, scale, cache, 2, docs)
-                   : ops::causal_attention(qa, ka, va, window, scale, docs ? docs->id : torch::Tensor());
+                   : ops::causal_attention(qa, ka, va, window, scale, docs ? &docs->spans : nullptr);
   if (cache) cache->advance(t);
   o = absorbed ? torch::einsum("bhtc,hvc->bthv", {o, w_ukv.narrow(1, nope_dim, v_dim)}) : o.transpose(1, 2);
   return wo(o.reshape({b, t, heads * v_dim}));

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# On the GPU machine: training throughput of hybrid-250m and its single-family variants (issue 15's table).
+# Each variant keeps hybrid-250m's dimensions and changes only the pattern; every run is `slm train` with BF16
+# autocast, batch 16 x 1024, a few steps, and the steady state (steps after the first three) is reported:
+# tokens/s, MFU (the trainer's own formula) and peak GPU memory.
+#   SHARDS=out/gpu-shards bash bench/gpu_train_variants.sh       # BUILD_DIR=build-cuda (built beforehand)
+# Output: one table row per variant on stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-build-cuda}
+SHARDS=${SHARDS:-out/gpu-shards}
+STEPS=${STEPS:-12}
+VARIANTS=${VARIANTS:-AEMEAEMEAEMR AF AE MF RF}
+work=$(mktemp -d)
+printf '| pattern | tokens/s | MFU | peak GPU memory |\n|---|---:|---:|---:|\n'
+for pattern in $VARIANTS; do
+  python3 - "$pattern" "$work/$pattern.json" <<'PY'
+import json, sys
+r = json.load(open("recipes/hybrid-250m.json"))
+r["name"] = "hybrid-250m-" + sys.argv[1]
+r["pattern"] = sys.argv[1]
+json.dump(r, open(sys.argv[2], "w"))
+PY
+  steps=$STEPS
+  [[ $pattern == RF ]] && steps=6  # the per-token M2RNN scan: about 6 s a step
+  "$BUILD_DIR/slm" train --recipe "$work/$pattern.json" --data "$SHARDS" --out "$work/run-$pattern" --device cuda \
+    --steps "$steps" --batch 16 --seq-len 1024 --warmup 2 --eval-every 0 --checkpoint-every 0 --log-every 1 \
+    > "$work/$pattern.log" 2>&1 || { echo "| $pattern | failed: $(tail -1 "$work/$pattern.log") | | |"; continue; }
+  python3 - "$pattern" "$work/run-$pattern/metrics.jsonl" <<'PY'
+import json, sys
+rows = [r for r in map(json.loads, open(sys.argv[2])) if "tokens_per_s" in r]
+steady = rows[3:] or rows
+tps = sum(r["tokens_per_s"] for r in steady) / len(steady)
+mfu = sum(r.get("mfu", 0) for r in steady) / len(steady)
+mem = max(r.get("gpu_peak_gib", r.get("peak_gib", 0)) for r in rows)
+print(f"| {sys.argv[1]} | {tps:,.0f} | {100 * mfu:.1f}% | {mem:.1f} GiB |")
+PY
+done
