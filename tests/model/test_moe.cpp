@@ -1,5 +1,13 @@
-// MoE: sorted dropless dispatch against the dense masked reference, what the balancing bias may and may
+// MoE: sorted dropless dispatch against the dense masked reference, the grouped-GEMM path against the
+// per-expert loop and the float64 reference (CPU, and CUDA when present), what the balancing bias may and may
 // not change, the aux-loss-free balancing loop, router statistics and the sequence-wise aux loss.
+#include <ATen/autocast_mode.h>
+
+#include <algorithm>
+#ifdef SLM_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
 #include "model_test_util.h"
 #include "slm/model/layers/moe.h"
 
@@ -25,6 +33,54 @@ model::MoE random_moe(double aux_weight = 0.0) {
   for (auto& p : m->parameters()) p.normal_(0.0, 0.3);
   return m;
 }
+
+// The experts aligned_moe starves: first, middle and last of the sorted order.
+const std::vector<int64_t> kStarved = {0, 3, 7};
+
+// Sizes the grouped GEMM takes on the GPU too (multiples of 8 bf16 elements): D 32, hidden 16, 8 experts, top-3.
+model::MoE aligned_moe(const torch::TensorOptions& options = {}) {
+  auto j = nlohmann::json::parse(R"({
+    "name": "e", "vocab_size": 16, "d_model": 32, "depth": 1, "pattern": "E", "seq_len": 32,
+    "moe": {"routed_experts": 8, "experts_per_token": 3, "expert_hidden": 16, "shared_experts": 1,
+            "shared_expert_hidden": 16, "routed_scaling_factor": 2.5, "bias_update_rate": 0.01}
+  })");
+  model::MoE m(parse(j), options);
+  torch::manual_seed(9);
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->parameters()) p.normal_(0.0, 0.3);
+  // A bias far below the affinities' [0, 1] range: these experts never win a top-3 slot.
+  for (int64_t e : kStarved) m->expert_bias[e] = -10.0;
+  return m;
+}
+
+using ExpertPath = torch::Tensor (*)(const torch::Tensor&, const model::Routing&, const model::ExpertsImpl&);
+
+// A path's routed output for u and the gradients of <output, up> for the input, w13, w2 and the router weight.
+std::vector<torch::Tensor> output_and_grads(model::MoEImpl& m, const torch::Tensor& u, const torch::Tensor& up,
+                                            ExpertPath path) {
+  auto x = u.detach().requires_grad_();
+  auto y = path(x, m.route_tokens(x), *m.experts);
+  auto g = torch::autograd::grad({(y.to(up.scalar_type()) * up).sum()},
+                                 {x, m.experts->w13, m.experts->w2, m.router->weight});
+  return {y, g[0], g[1], g[2], g[3]};
+}
+
+// max |a - ref| relative to max |ref|, on the CPU in float64.
+double rel_diff(const torch::Tensor& a, const torch::Tensor& ref) {
+  return max_abs_diff(a.cpu(), ref.cpu()) / ref.abs().max().cpu().item<double>();
+}
+
+// BF16 CUDA autocast for one scope, as the trainer runs the forward.
+struct CudaAutocastBf16 {
+  CudaAutocastBf16() {
+    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+  }
+  ~CudaAutocastBf16() {
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+  }
+};
 
 }  // namespace
 
@@ -163,4 +219,83 @@ TEST(MoE, SequenceAuxLossFollowsTheFormulaAndIsOffByDefault) {
   EXPECT_NEAR(on->aux_loss().item<double>(), 0.1 * expected, 1e-6);
   auto g = torch::autograd::grad({on->aux_loss()}, {on->router->weight});
   EXPECT_GT(g[0].abs().sum().item<double>(), 0.0);
+}
+
+TEST(MoE, GroupedExpertsMatchTheLoopInBf16) {
+  single_threaded();
+  auto m = aligned_moe(torch::TensorOptions().dtype(torch::kBFloat16));
+  torch::manual_seed(10);
+  auto u = torch::randn({50, 32}).to(torch::kBFloat16);
+  auto up = torch::randn({50, 32});
+  auto load = model::expert_load(m->route_tokens(u).experts, 8);
+  for (int64_t e = 0; e < 8; ++e) {
+    const bool starved = std::count(kStarved.begin(), kStarved.end(), e) > 0;
+    EXPECT_EQ(load[e].item<int64_t>() == 0, starved) << e;
+  }
+  auto grouped = output_and_grads(*m, u, up, model::grouped_experts);
+  auto loop = output_and_grads(*m, u, up, model::loop_experts);
+  // Both round every product to bf16 (8 significant bits, ulp 2^-8 relative); the tolerance allows a few ulps of
+  // the largest value for different summation orders.
+  const char* names[] = {"output", "input", "w13", "w2", "router"};
+  for (size_t i = 0; i < grouped.size(); ++i) EXPECT_LT(rel_diff(grouped[i], loop[i]), 1e-2) << names[i];
+  for (int64_t e : kStarved) {
+    EXPECT_EQ(grouped[2][e].abs().max().item<float>(), 0.0f) << e;
+    EXPECT_EQ(grouped[3][e].abs().max().item<float>(), 0.0f) << e;
+  }
+}
+
+TEST(MoE, GroupedExpertsMatchFloat64DenseReference) {
+  single_threaded();
+  auto m = aligned_moe();  // fp32 master weights: grouped_experts casts them to bf16
+  torch::manual_seed(11);
+  auto u = torch::randn({48, 32}).to(torch::kBFloat16).to(torch::kFloat);  // exact in bf16
+  auto up = torch::randn({48, 32}, torch::kDouble);
+  model::Routing r = m->route_tokens(u);
+  r.weights = r.weights.detach();  // the router's gradient is compared with the loop's above
+  auto x = u.clone().requires_grad_();
+  auto y = model::grouped_experts(x, r, *m->experts);
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  auto g = torch::autograd::grad({(y.to(torch::kDouble) * up).sum()}, {x, m->experts->w13, m->experts->w2});
+  EXPECT_EQ(g[1].scalar_type(), torch::kFloat);
+
+  // The reference: every expert on every token in float64, from the same bf16-rounded weights.
+  model::Experts ref(8, 32, 16, torch::TensorOptions().dtype(torch::kDouble));
+  {
+    torch::NoGradGuard no_grad;
+    ref->w13.copy_(m->experts->w13.to(torch::kBFloat16));
+    ref->w2.copy_(m->experts->w2.to(torch::kBFloat16));
+  }
+  auto x64 = u.to(torch::kDouble).requires_grad_();
+  auto y64 = model::dense_experts_reference(x64, r, *ref);
+  auto g64 = torch::autograd::grad({(y64 * up).sum()}, {x64, ref->w13, ref->w2});
+  // bf16 rounds the hidden activations, the gated outputs and their sum (2^-9 relative each, compounding
+  // through SwiGLU and the second GEMM); the gradients round once more on the way back.
+  EXPECT_LT(rel_diff(y, y64), 2e-2);
+  const char* names[] = {"input", "w13", "w2"};
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_LT(rel_diff(g[i], g64[i]), 3e-2) << names[i];
+}
+
+TEST(MoE, CudaGroupedDispatchMatchesTheLoopUnderAutocast) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto m = aligned_moe(torch::TensorOptions().device(torch::kCUDA));  // fp32 master weights, as in training
+  torch::manual_seed(12);
+  auto u = torch::randn({256, 32}).cuda();
+  auto up = torch::randn({256, 32}).cuda();
+  CudaAutocastBf16 autocast;
+  auto grouped = output_and_grads(*m, u, up, model::grouped_experts);
+  auto loop = output_and_grads(*m, u, up, model::loop_experts);  // at::linear, cast to bf16 by autocast
+  EXPECT_EQ(loop[0].scalar_type(), torch::kBFloat16);
+  const char* names[] = {"output", "input", "w13", "w2", "router"};
+  for (size_t i = 0; i < grouped.size(); ++i) EXPECT_LT(rel_diff(grouped[i], loop[i]), 1e-2) << names[i];
+  for (int64_t e : kStarved) EXPECT_EQ(grouped[2][e].abs().max().item<float>(), 0.0f) << e;
+#ifdef SLM_WITH_CUDA
+  // A training forward and backward of the whole layer reads nothing back to the host: with the sync debug
+  // mode at "error", the loop path's count read (or a bincount) would throw.
+  m->train();
+  auto h = torch::randn({4, 64, 32}).cuda();
+  torch::cuda::synchronize();
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  EXPECT_NO_THROW(m->forward(h).to(torch::kFloat).sum().backward());
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+#endif
 }

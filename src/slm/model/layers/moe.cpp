@@ -1,5 +1,6 @@
 #include "slm/model/layers/moe.h"
 
+#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include "slm/util/error.h"
@@ -23,25 +24,71 @@ Routing route(const torch::Tensor& router_logits, const torch::Tensor& bias, int
   return r;
 }
 
-torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
-  const int64_t k = routing.experts.size(1), num_experts = experts.num_experts();
-  auto flat = routing.experts.reshape({-1});
-  auto order = torch::argsort(flat, /*stable=*/true);
-  auto token = order.div(k, "floor");
-  auto counts = torch::bincount(flat, {}, num_experts).cpu();
-  auto xs = u.index_select(0, token);
+namespace {
+// The k * N (token, slot) assignments sorted by expert, stable so each expert sees its tokens in order.
+struct ByExpert {
+  torch::Tensor order;  // [N*k] flat assignment index in sorted order
+  torch::Tensor token;  // [N*k] the token of each sorted assignment
+  torch::Tensor ends;   // [E] int32: where each expert's run ends in the sorted order (cumulative counts)
+};
+
+ByExpert sort_by_expert(const torch::Tensor& experts, int64_t num_experts) {
+  const int64_t k = experts.size(1);
+  auto [sorted, order] = torch::sort(experts.reshape({-1}), /*stable=*/true, 0, /*descending=*/false);
+  // searchsorted rather than bincount + cumsum: CUDA's bincount reads the ids' min and max back to the host.
+  auto ends = torch::searchsorted(sorted, torch::arange(num_experts, sorted.options()), /*out_int32=*/true,
+                                  /*right=*/true);
+  return {order, order.div(k, "floor"), ends};
+}
+
+// Scales the expert outputs ys [N*k, D] (in sorted order) by their gates and sums them back per token, in the
+// dtype the experts computed in (bf16 under autocast, where u may still be fp32).
+torch::Tensor combine(const torch::Tensor& ys, const ByExpert& s, const Routing& routing, int64_t tokens) {
+  auto gate = routing.weights.reshape({-1}).index_select(0, s.order).to(ys.scalar_type());
+  return torch::zeros({tokens, ys.size(1)}, ys.options()).index_add(0, s.token, ys * gate.unsqueeze(1));
+}
+
+// The grouped path runs where it pays: on the GPU (Hopper's grouped-GEMM kernel; older GPUs fall back inside
+// ATen to a per-group loop that syncs), in BF16 (bf16 inputs, or fp32 ones under BF16 autocast, which the
+// explicit casts in grouped_experts reproduce), with dense weights, and with the 16-byte-aligned row strides
+// _grouped_mm requires (D and the hidden size multiples of 8 bf16 elements).
+bool use_grouped(const torch::Tensor& u, const ExpertsImpl& experts) {
+  if (!u.is_cuda() || !experts.q13.empty() || !experts.q2.empty()) return false;
+  const bool autocast_bf16 = at::autocast::is_autocast_enabled(at::kCUDA) &&
+                             at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16;
+  const bool bf16 = u.scalar_type() == torch::kBFloat16 || (autocast_bf16 && u.scalar_type() == torch::kFloat);
+  return bf16 && experts.w2.size(1) % 8 == 0 && experts.w2.size(2) % 8 == 0;
+}
+}  // namespace
+
+torch::Tensor loop_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
+  const int64_t num_experts = experts.num_experts();
+  ByExpert s = sort_by_expert(routing.experts, num_experts);
+  auto ends = s.ends.cpu();  // the slices' sizes must be known on the host: one sync
+  auto end = ends.accessor<int32_t, 1>();
+  auto xs = u.index_select(0, s.token);
   std::vector<torch::Tensor> outs;
-  int64_t offset = 0;
-  auto c = counts.accessor<int64_t, 1>();
+  int64_t begin = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
-    if (c[e] == 0) continue;
-    outs.push_back(experts.ffn(xs.narrow(0, offset, c[e]), e));
-    offset += c[e];
+    if (end[e] > begin) outs.push_back(experts.ffn(xs.narrow(0, begin, end[e] - begin), e));
+    begin = end[e];
   }
-  auto ys = torch::cat(outs, 0);
-  auto gate = routing.weights.reshape({-1}).index_select(0, order).to(ys.scalar_type());
-  // In the dtype the experts computed in (bf16 under autocast, where u may still be fp32).
-  return torch::zeros({u.size(0), ys.size(1)}, ys.options()).index_add(0, token, ys * gate.unsqueeze(1));
+  return combine(torch::cat(outs, 0), s, routing, u.size(0));
+}
+
+torch::Tensor grouped_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
+  ByExpert s = sort_by_expert(routing.experts, experts.num_experts());
+  auto xs = u.to(torch::kBFloat16).index_select(0, s.token);
+  // The weights are stored [E, out, in] like nn.Linear; _grouped_mm multiplies by [E, in, out] and takes the
+  // transposed (column-major) view as it is. The casts keep fp32 master weights receiving the gradients.
+  auto w13 = experts.w13.to(torch::kBFloat16).transpose(1, 2);
+  auto w2 = experts.w2.to(torch::kBFloat16).transpose(1, 2);
+  auto ys = at::_grouped_mm(swiglu_activation(at::_grouped_mm(xs, w13, s.ends)), w2, s.ends);
+  return combine(ys, s, routing, u.size(0));
+}
+
+torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
+  return use_grouped(u, experts) ? grouped_experts(u, routing, experts) : loop_experts(u, routing, experts);
 }
 
 torch::Tensor dense_experts_reference(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
@@ -55,7 +102,9 @@ torch::Tensor dense_experts_reference(const torch::Tensor& u, const Routing& rou
 }
 
 torch::Tensor expert_load(const torch::Tensor& experts, int64_t num_experts) {
-  return torch::bincount(experts.reshape({-1}), {}, num_experts);
+  // scatter_add rather than bincount, which on CUDA reads the ids' min and max back to the host.
+  auto flat = experts.reshape({-1});
+  return torch::zeros({num_experts}, flat.options()).scatter_add_(0, flat, torch::ones_like(flat));
 }
 
 double max_violation(const torch::Tensor& load) {

@@ -20,14 +20,22 @@ Routing route(const torch::Tensor& router_logits, const torch::Tensor& bias, int
 
 class ExpertsImpl;
 
-// Routed-expert output for u [N, D]: assignments sorted by expert, each expert run once on its contiguous
-// slice, scaled and scattered back with index_add.
+// Routed-expert output for u [N, D]: assignments sorted by expert (dropless), each expert run on its
+// contiguous slice, scaled by its gate and summed back per token with index_add. grouped_experts on CUDA in
+// BF16 with dense weights, loop_experts otherwise (fp32/fp64, the CPU, NVFP4 expert weights).
 torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
+
+// One matmul pair per expert that received tokens; reads the per-expert counts on the host (a sync).
+torch::Tensor loop_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
+
+// All experts in one grouped GEMM per projection (at::_grouped_mm), computed in BF16 (u and the dense weights
+// are cast, as BF16 autocast would) with no host sync; returns bf16. Runs on the CPU too, for tests.
+torch::Tensor grouped_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
 
 // Every expert on every token, masked by the gate weights; the reference dispatch_experts must match.
 torch::Tensor dense_experts_reference(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
 
-// Tokens routed to each expert, [E] int64.
+// Tokens routed to each expert, [E] int64, on the experts' device (no host sync).
 torch::Tensor expert_load(const torch::Tensor& experts, int64_t num_experts);
 
 // (max load - mean load) / mean load.
