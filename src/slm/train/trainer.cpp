@@ -2,8 +2,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
-#include <dirent.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #ifdef SLM_WITH_CUDA
@@ -37,11 +35,6 @@ namespace slm::train {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
 
 // One source per domain directory of cfg.data that has shards of the split (train, validation).
 std::vector<data::ShardSource> find_sources(const TrainConfig& cfg, const std::string& split) {
@@ -299,8 +292,7 @@ Trainer::Trainer(TrainConfig config, std::ostream& log)
     throw Error(cfg_.out + " already holds a checkpoint: continue it with --resume " + cfg_.out +
                 " or choose another --out");
   if (s_->dist_env.rank != 0) return;  // rank 0 owns the run directory
-  ::mkdir(cfg_.out.c_str(), 0755);
-  if (!is_dir(cfg_.out)) throw Error(cfg_.out + ": cannot create the run directory");
+  make_dirs(cfg_.out);
   s_->metrics.open(cfg_.out + "/metrics.jsonl", std::ios::trunc);
   if (!s_->metrics) throw Error(cfg_.out + "/metrics.jsonl: cannot write");
   write_file_atomic(cfg_.out + "/config.json", cfg_.to_json().dump(2) + "\n");
