@@ -6,6 +6,7 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -27,6 +28,7 @@
 #include "slm/train/distributed.h"
 #include "slm/train/evaluate.h"
 #include "slm/train/flops.h"
+#include "slm/train/memory.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 
@@ -78,6 +80,35 @@ std::string cuda_device_name(int index) {
 #endif
   (void)index;
   return "";
+}
+
+// Bytes of memory on the device: the GPU's, or the machine's physical memory for the CPU.
+double device_capacity(torch::Device device) {
+#ifdef SLM_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device.index());
+    size_t free = 0, total = 0;
+    return cudaMemGetInfo(&free, &total) == cudaSuccess ? static_cast<double>(total) : 0;
+  }
+#endif
+  if (device.is_cuda()) return 0;
+  return static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+}
+
+// The message for the allocation failure e (is_out_of_memory) while training cfg on one of `workers` devices.
+std::string out_of_memory_text(const std::exception& e, const TrainConfig& cfg, const Recipe& recipe, int64_t seq_len,
+                               torch::Device device, int workers, const std::string& where) {
+  OutOfMemoryContext c;
+  c.where = where + " on " + device.str();
+  c.recipe_file = cfg.recipe;
+  c.batch = cfg.batch / workers;
+  c.seq_len = seq_len;
+  c.accum = cfg.accum;
+  c.workers = workers;
+  c.capacity = device_capacity(device);
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  c.allocator = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  return out_of_memory_message(training_memory(recipe, c.batch, seq_len, device.is_cuda()), c);
 }
 
 // Where the lines of ranks other than 0 go.
@@ -254,7 +285,13 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
   }
 
   torch::manual_seed(cfg.seed);
-  s->model = std::make_unique<model::HybridLM>(s->recipe, torch::TensorOptions().dtype(torch::kFloat).device(s->device));
+  try {
+    s->model =
+        std::make_unique<model::HybridLM>(s->recipe, torch::TensorOptions().dtype(torch::kFloat).device(s->device));
+  } catch (const std::exception& e) {
+    if (!is_out_of_memory(e)) throw;
+    throw Error(out_of_memory_text(e, cfg, s->recipe, s->seq_len, s->device, world, "building the model"));
+  }
   s->model->train();
   if (!canonical.empty()) s->model->set_engram_canonical_ids(canonical);
   const auto& layers = s->model->plan().layers;
@@ -410,6 +447,18 @@ void Trainer::set_dsa_warmup(bool on) {
 }
 
 int64_t Trainer::run(const std::atomic<bool>* stop, int64_t until) {
+  try {
+    return run_steps(stop, until);
+  } catch (const std::exception& e) {
+    if (!is_out_of_memory(e)) throw;
+    if (::isatty(STDERR_FILENO) && log_ == &std::cerr) *log_ << "\n";  // end the progress line
+    throw Error(out_of_memory_text(e, cfg_, s_->recipe, s_->seq_len, s_->device, s_->dist_env.world_size,
+                                   "at step " + std::to_string(step_ + 1)) +
+                (s_->last_checkpoint.empty() ? "" : "\nThe last checkpoint is " + s_->last_checkpoint + "."));
+  }
+}
+
+int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
   auto& m = *s_->model;
   auto& opt = *s_->optimizer;
   const std::vector<torch::Tensor> params = m.parameters();
