@@ -49,6 +49,10 @@ struct TrainConfig {
   static TrainConfig from_json(const nlohmann::json& j);
 };
 
+// Where `slm train` without --out puts a run: <root>/<recipe file name without .json>, or the first of -2, -3, ...
+// appended that does not exist yet, so a second run never lands on the first.
+std::string default_run_dir(const std::string& recipe_file, const std::string& root = "out/runs");
+
 // One line per logged step, also what the progress line shows.
 struct StepMetrics {
   int64_t step = 0;
