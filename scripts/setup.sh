@@ -69,6 +69,9 @@ if [[ ! -f $BUILD_DIR/build.ninja || ! -f $stamp || "$(cat "$stamp")" != "$want"
     -DSLM_CUDA="$SLM_CUDA"
   echo "$want" > "$stamp"
 fi
+# The library and the tests compile with a precompiled <torch/torch.h>; ccache caches such objects only when told
+# that the PCH's defines and __TIME__ may be ignored (its manual, "Precompiled headers"). A caller's setting wins.
+export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
 log "building${SLM_TARGET:+ $SLM_TARGET}"
 cmake --build "$BUILD_DIR" ${SLM_TARGET:+--target "$SLM_TARGET"}
 log "done: $BUILD_DIR/slm"

@@ -47,9 +47,12 @@ struct CliResult {
 };
 
 // Runs the slm program as a user would, with one intra-op thread (ctest already runs a process per core).
-// stdin_text, when given, is fed on standard input through a file unique to this process.
-inline CliResult run_slm(const std::string& args, const std::optional<std::string>& stdin_text = std::nullopt) {
-  std::string cmd = "OMP_NUM_THREADS=1 " + std::string(SLM_BINARY) + " " + args;
+// stdin_text, when given, is fed on standard input through a file unique to this process; cwd, when given, is the
+// working directory it runs in (for what it finds or writes relative to it).
+inline CliResult run_slm(const std::string& args, const std::optional<std::string>& stdin_text = std::nullopt,
+                         const std::string& cwd = "") {
+  std::string cmd = (cwd.empty() ? "" : "cd '" + cwd + "' && ") + "OMP_NUM_THREADS=1 " + std::string(SLM_BINARY) +
+                    " " + args;
   if (stdin_text) {
     static int counter = 0;
     std::string path = testing::TempDir() + "/slm_stdin_" + std::to_string(getpid()) + "_" +

@@ -1,6 +1,5 @@
 // slm demo: the first main job. On a fresh machine: a small C++ corpus from the installed headers, token shards,
 // a few minutes of CPU training of the tiny hybrid recipe with live progress, the loss curve, and a completion.
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -59,7 +58,7 @@ void run_demo(const DemoOptions& o) {
     if (!exists(marker)) throw Error(o.out + " exists and is not a demo directory; choose another --out");
     remove_tree(o.out);
   }
-  if (::mkdir(o.out.c_str(), 0755) != 0 && !exists(o.out)) throw Error(o.out + ": cannot create");
+  make_dirs(o.out);
   write_file_atomic(marker, "slm demo output; `slm demo` replaces this directory\n");
 
   std::cerr << "== 1/5 corpus: C++ headers installed on this machine (up to " << o.corpus_mb << " MB)\n";

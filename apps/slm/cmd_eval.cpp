@@ -77,7 +77,7 @@ void add_eval_command(CLI::App& app) {
                 "NVFP4 or dense)")
       ->required();
   e->add_option("--recipe", q.recipe, "recipe file (required for a weights file; a training checkpoint has its own)");
-  e->add_option("--data", q.data, "shard directory: <domain>/<split>-NNNNN.slmtok (default: the run's)");
+  e->add_option("--data", q.data, "shard directory: <domain>/<split>-NNNNN.slmtok or plain <prefix>-NNNNN.slmtok (default: the run's)");
   e->add_option("--split", q.split, "validation or test")->capture_default_str();
   e->add_option("--domains", q.domains, "these domains only (default: the run's, else every domain)")->delimiter(',');
   e->add_option("--tokenizer", q.tokenizer,

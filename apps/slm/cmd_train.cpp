@@ -44,11 +44,17 @@ std::pair<std::string, nlohmann::json> key_value(const std::string& kv, const st
 }
 
 void run_train(TrainCli& o, CLI::App* sub) {
+  const bool default_out = o.resume.empty() && o.cfg.out.empty() && !o.cfg.recipe.empty();
+  if (default_out) {
+    o.cfg.out = train::default_run_dir(o.cfg.recipe);
+    std::cerr << "no --out given: the run goes to " << o.cfg.out << "\n";
+  }
   if (o.nproc > 1) {
     if (std::getenv("WORLD_SIZE") != nullptr) throw Error("--nproc inside a launched worker (WORLD_SIZE is set)");
     std::cerr << "starting " << o.nproc << " data-parallel workers\n";
-    if (const int code = train::launch_workers(o.nproc, train::command_line_without_nproc()); code != 0)
-      throw CLI::RuntimeError(code);
+    auto args = train::command_line_without_nproc();
+    if (default_out) args.insert(args.end(), {"--out", o.cfg.out});  // one directory, chosen once for every worker
+    if (const int code = train::launch_workers(o.nproc, args); code != 0) throw CLI::RuntimeError(code);
     return;
   }
   if (o.threads > 0) torch::set_num_threads(o.threads);
@@ -71,8 +77,7 @@ void run_train(TrainCli& o, CLI::App* sub) {
         throw Error(std::string(f) + " cannot change on --resume (the checkpoint's value is used for an exact resume)");
     trainer = std::make_unique<train::Trainer>(train::Trainer::resume(o.resume, ov, std::cerr));
   } else {
-    if (o.cfg.recipe.empty() || o.cfg.data.empty() || o.cfg.out.empty())
-      throw Error("slm train needs --recipe, --data and --out (or --resume DIR)");
+    if (o.cfg.recipe.empty() || o.cfg.data.empty()) throw Error("slm train needs --recipe and --data (or --resume DIR)");
     o.cfg.lr.kind = o.schedule == "cosine" ? train::LrSchedule::Kind::Cosine : train::LrSchedule::Kind::Wsd;
     for (const auto& m : o.mix) {
       auto [k, v] = key_value(m, "--mix");
@@ -102,8 +107,12 @@ void add_train_command(CLI::App& app) {
   auto& c = o->cfg;
   auto* t = app.add_subcommand("train", "Train a recipe on token shards (Muon + AdamW; checkpoints, exact resume)");
   t->add_option("--recipe", c.recipe, "recipe JSON file");
-  t->add_option("--data", c.data, "shard directory: <domain>/{train,validation}-NNNNN.slmtok (slm data shard)");
-  t->add_option("--out", c.out, "run directory: checkpoints, metrics.jsonl, config.json");
+  t->add_option("--data", c.data,
+                "shard directory from slm data shard: <domain>/{train,validation}-NNNNN.slmtok, or plain "
+                "<prefix>-NNNNN.slmtok (one domain; its last ~1% is held out for validation)");
+  t->add_option("--out", c.out,
+                "run directory: checkpoints, metrics.jsonl, config.json (default: out/runs/<recipe file name>, "
+                "with -2, -3, ... when taken)");
   t->add_option("--resume", o->resume, "continue the run in this directory from its latest checkpoint");
   t->add_option("--tokenizer", c.tokenizer, "tokenizer .model for bits per byte (default: the one the shards name, under tokenizer/; none: skip)");
   t->add_option("--domains", c.domains, "train on these domains only (default: every domain directory)")

@@ -156,3 +156,30 @@ TEST(TokenLoader, RejectsTooSmallSources) {
   auto e = error_of([&] { TokenLoader({{"a", a, 1.0}}, {.batch_size = 1, .seq_len = 16}); });
   EXPECT_NE(e.find("fewer than one window"), std::string::npos) << e;
 }
+
+TEST(TokenLoader, ARangeReadsOnlyItsTokens) {
+  auto dir = fresh_dir("l");
+  auto paths = write_synthetic_shards(dir, "a", 300, 40, 1, 30, 3, 12);
+  const Stream st = stream_of(paths);
+  ASSERT_GT(st.tokens.size(), 200u);
+  const uint64_t begin = 57, end = st.tokens.size() - 31, T = 8;
+  TokenLoader loader({{"a", paths, 1.0, begin, end}}, {.batch_size = 1, .seq_len = static_cast<int64_t>(T)});
+  EXPECT_EQ(loader.tokens(0), end - begin);
+  ASSERT_EQ(loader.windows(0), (end - begin - 1) / T);
+  std::vector<int64_t> tokens(T + 1);
+  std::vector<int32_t> docs(T + 1);
+  for (uint64_t w = 0; w < loader.windows(0); ++w) {
+    loader.read_window(0, w, tokens.data(), docs.data());
+    for (uint64_t t = 0; t <= T; ++t) ASSERT_EQ(tokens[t], st.tokens[begin + w * T + t]) << "window " << w;
+  }
+  // The last window ends inside the range.
+  EXPECT_LE(begin + loader.windows(0) * T + 1, end);
+
+  // A cursor of the whole source does not resume the range, and a range past the end is refused.
+  TokenLoader whole({{"a", paths, 1.0}}, {.batch_size = 1, .seq_len = static_cast<int64_t>(T)});
+  EXPECT_NE(error_of([&] { loader.restore(whole.cursor()); }).find("different seed"), std::string::npos);
+  auto e = error_of([&] {
+    TokenLoader({{"a", paths, 1.0, st.tokens.size() + 1}}, {.batch_size = 1, .seq_len = static_cast<int64_t>(T)});
+  });
+  EXPECT_NE(e.find("past its end"), std::string::npos) << e;
+}

@@ -105,6 +105,26 @@ TEST(GenerateCli, RunsTheEveryFeatureRecipe) {
   EXPECT_EQ(generated_ids(a.err), generated_ids(b.err));
 }
 
+// A libtorch error (here its CPU allocator refusing the decode cache of 10^15 tokens) is one line, not libtorch's C++
+// stack; --verbose, before or after the subcommand, keeps the stack.
+TEST(GenerateCli, ALibtorchErrorIsItsMessageWithoutTheBacktrace) {
+  const auto args = "generate --recipe " + source_path("recipes/tiny-hybrid.json") +
+                    " --prompt x --max-tokens 1000000000000000";
+  const SplitCliResult plain = run(args);
+  EXPECT_EQ(plain.code, 1) << plain.err;
+  EXPECT_NE(plain.err.find("slm: internal error: [enforce fail at alloc_cpu.cpp"), std::string::npos) << plain.err;
+  EXPECT_NE(plain.err.find("DefaultCPUAllocator: can't allocate memory"), std::string::npos) << plain.err;
+  EXPECT_NE(plain.err.find("(--verbose adds libtorch's backtrace)"), std::string::npos) << plain.err;
+  EXPECT_EQ(plain.err.find("frame #"), std::string::npos) << plain.err;
+  EXPECT_EQ(plain.err.find("Exception raised from"), std::string::npos) << plain.err;
+  for (const auto& verbose : {"--verbose " + args, args + " --verbose"}) {
+    const SplitCliResult v = run(verbose);
+    EXPECT_EQ(v.code, 1) << v.err;
+    EXPECT_NE(v.err.find("DefaultCPUAllocator: can't allocate memory"), std::string::npos) << v.err;
+    EXPECT_NE(v.err.find("frame #0: "), std::string::npos) << v.err;
+  }
+}
+
 TEST(ModelSummaryCli, JsonCountsEqualAccounting) {
   SplitCliResult r = run("model summary --recipe " + source_path("recipes/tiny-ae.json") + " --json");
   ASSERT_EQ(r.code, 0) << r.err;

@@ -321,5 +321,84 @@ TEST_F(EvalFixture, RunTokenizerPrefersTheRunsSettingThenTheShards) {
   ASSERT_EQ(::chdir(cwd), 0);
 }
 
+// Documents of the given lengths (ids 4, 5, ...) in one shard at `path`.
+void write_documents(const std::string& path, const std::vector<int>& lengths, const std::string& tokenizer = "") {
+  data::ShardWriter w(path, 48, tokenizer.empty() ? nlohmann::json::object() : nlohmann::json{{"tokenizer", tokenizer}});
+  for (size_t d = 0; d < lengths.size(); ++d)
+    w.add_document(std::vector<uint32_t>(static_cast<size_t>(lengths[d]), 4 + d % 40),
+                   {"synthetic", "doc" + std::to_string(d), "none", "x"});
+  w.close();
+}
+
+// The held-out tail, by hand: want = max(ceil(1% of the tokens), one window); it starts at the last document start
+// that leaves `want`, unless that holds out more than twice `want`.
+TEST(HeldOutStart, WholeDocumentsAtTheEndAtLeastAWindow) {
+  const std::string dir = fresh_dir("h");
+  write_documents(dir + "/a-00000.slmtok", std::vector<int>(50, 10));
+  write_documents(dir + "/a-00001.slmtok", std::vector<int>(50, 10));
+  const std::vector<std::string> two = {dir + "/a-00000.slmtok", dir + "/a-00001.slmtok"};  // 1000 tokens
+  EXPECT_EQ(train::held_out_start(two, 11), 980u);  // want 11: latest start 989, in the document at 980 (20 <= 22)
+  EXPECT_EQ(train::held_out_start(two, 5), 990u);   // want 10 (1%): 990 starts a document
+  EXPECT_EQ(train::held_out_start(two, 11), train::held_out_start(two, 11)) << "deterministic";
+
+  write_documents(dir + "/long.slmtok", [] {
+    std::vector<int> l(9, 10);
+    l.push_back(910);  // the last document would hold out 910 tokens: cut inside it instead
+    return l;
+  }());
+  EXPECT_EQ(train::held_out_start({dir + "/long.slmtok"}, 11), 989u);
+
+  write_documents(dir + "/big.slmtok", std::vector<int>(1000, 10));  // 10,000 tokens: 1% = 100
+  EXPECT_EQ(train::held_out_start({dir + "/big.slmtok"}, 11), 9900u);
+
+  write_documents(dir + "/small.slmtok", {7, 7, 7});  // 21 tokens: no room for two windows of 11
+  EXPECT_EQ(train::held_out_start({dir + "/small.slmtok"}, 11), 0u);
+  write_documents(dir + "/two.slmtok", {11, 11});  // exactly two windows
+  EXPECT_EQ(train::held_out_start({dir + "/two.slmtok"}, 11), 11u);
+}
+
+// Plain shards (slm data shard of files) are one domain named after their prefix, whose training shards lend their
+// tail to validation; a domain directory with its own validation split keeps it; the layouts mix.
+TEST(SplitSources, PlainShardsAreADomainWithAHeldOutTail) {
+  const std::string dir = fresh_dir("s");
+  write_documents(dir + "/data-00000.slmtok", std::vector<int>(60, 10));
+  write_documents(dir + "/data-00001.slmtok", std::vector<int>(60, 10));
+  ::mkdir((dir + "/cpp").c_str(), 0755);
+  write_documents(dir + "/cpp/train-00000.slmtok", std::vector<int>(30, 10));
+  write_documents(dir + "/cpp/validation-00000.slmtok", std::vector<int>(3, 10));
+  write_file(dir + "/report.json", "{}");  // not a shard: ignored
+
+  const auto domains = train::find_domains(dir, {});
+  ASSERT_EQ(domains.size(), 2u);
+  EXPECT_EQ(domains[0].name, "cpp");
+  EXPECT_EQ(domains[1].name, "data");
+  EXPECT_EQ(domains[1].splits.at("train"),
+            (std::vector<std::string>{dir + "/data-00000.slmtok", dir + "/data-00001.slmtok"}));
+
+  const auto train = train::split_sources(dir, "train", {}, 17);
+  const auto val = train::split_sources(dir, "validation", {}, 17);
+  ASSERT_EQ(train.size(), 2u);
+  ASSERT_EQ(val.size(), 2u);
+  EXPECT_EQ(train[0].begin, 0u);  // cpp: its own validation shards
+  EXPECT_EQ(train[0].end, data::ShardSource::kToEnd);
+  EXPECT_EQ(val[0].shards, (std::vector<std::string>{dir + "/cpp/validation-00000.slmtok"}));
+  // data: 1200 tokens, want 17: latest start 1183, in the document at 1180.
+  EXPECT_EQ(train[1].shards, domains[1].splits.at("train"));
+  EXPECT_EQ(train[1].begin, 0u);
+  EXPECT_EQ(train[1].end, 1180u);
+  EXPECT_EQ(val[1].shards, domains[1].splits.at("train"));
+  EXPECT_EQ(val[1].begin, 1180u);
+  EXPECT_EQ(val[1].end, data::ShardSource::kToEnd);
+  EXPECT_TRUE(train::split_sources(dir, "test", {"data"}, 17).empty()) << "plain shards have no test split";
+  EXPECT_EQ(train::split_sources(dir, "train", {"data"}, 17).size(), 1u);
+
+  ::mkdir((dir + "/data").c_str(), 0755);
+  write_documents(dir + "/data/train-00000.slmtok", {10});
+  auto e = error_of([&] { train::find_domains(dir, {}); });
+  EXPECT_NE(e.find(dir + "/data-00000.slmtok and the domain directory " + dir + "/data would both be domain 'data'"),
+            std::string::npos)
+      << e;
+}
+
 }  // namespace
 }  // namespace slm::test

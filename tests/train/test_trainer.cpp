@@ -13,6 +13,7 @@
 #include "slm/data/tokenizer.h"
 #include "slm/model/weights.h"
 #include "slm/train/checkpoint.h"
+#include "slm/train/evaluate.h"
 #include "slm/train/flops.h"
 #include "slm/train/plot.h"
 #include "train/train_test_util.h"
@@ -373,6 +374,105 @@ TEST_F(TrainCli, BadFlagsAreClearErrors) {
   r = run_slm("train --recipe " + recipe + " --data " + data + " --out " + dir + "/y --steps 2 --optim bogus=1");
   EXPECT_EQ(r.code, 2);
   EXPECT_NE(r.out.find("bogus"), std::string::npos) << r.out;
+}
+
+// Plain shards (slm data shard of files: <dir>/data-NNNNN.slmtok) train as one domain "data"; the log says how
+// much of them is held out, validation reads exactly that tail, and the loss falls.
+TEST_F(TrainerFixture, PlainShardsTrainWithAHeldOutTail) {
+  const std::string plain = dir + "/plain";
+  write_counting_shards(dir, "tmp", 48, 64, 5);  // <dir>/tmp/{train,validation}-00000.slmtok
+  ::mkdir(plain.c_str(), 0755);
+  ASSERT_EQ(::rename((dir + "/tmp/train-00000.slmtok").c_str(), (plain + "/data-00000.slmtok").c_str()), 0);
+  ASSERT_EQ(::rename((dir + "/tmp/train-00000.slmtok.json").c_str(), (plain + "/data-00000.slmtok.json").c_str()), 0);
+  const auto shard = data::Shard::open(plain + "/data-00000.slmtok");
+  const uint64_t total = shard->token_count(), cut = train::held_out_start({shard->path()}, 25);
+  ASSERT_GT(cut, 0u);
+
+  auto c = micro_config(recipe, plain, dir + "/plain-run");
+  c.steps = 40;
+  c.eval_every = 40;
+  c.checkpoint_every = 0;
+  train::Trainer t(c, log);
+  char pct[16];
+  std::snprintf(pct, sizeof pct, "%.1f%%", 100.0 * static_cast<double>(total - cut) / static_cast<double>(total));
+  EXPECT_NE(log.str().find("data: domain 'data' has no validation split: its last " + std::to_string(total - cut) +
+                           " of " + std::to_string(total) + " tokens (" + pct + ") are held out for validation"),
+            std::string::npos)
+      << log.str();
+  t.run();
+  auto losses = train_losses(c.out);
+  ASSERT_EQ(losses.size(), 40u);
+  EXPECT_LT(losses.at(40), losses.at(1)) << log.str();
+
+  // The validation loss the trainer logged is the model's loss on the held-out tail (seed-0 windows, as evaluate).
+  double logged = 0;
+  for (const auto& j : read_metrics(c.out))
+    if (j.contains("eval")) logged = j["eval"]["data"]["loss"].get<double>();
+  model::HybridLM m(parse(micro_hybrid_json()));
+  model::load_weights(m, model::weights_path(train::latest_checkpoint(c.out)));
+  const auto scores = train::evaluate_model(m, {{"data", {shard->path()}, 1.0, cut}}, {c.batch, c.seq_len, 1},
+                                            torch::Tensor(), torch::kCPU);
+  EXPECT_NEAR(scores.at("data").loss, logged, 1e-9);
+}
+
+TEST_F(TrainerFixture, ShardsOfALargerVocabularyNameTheirTokenizerAndTheRecipe) {
+  const std::string big = dir + "/big";
+  ::mkdir(big.c_str(), 0755);
+  {
+    data::ShardWriter w(big + "/data-00000.slmtok", 1000, {{"tokenizer", "big-1000.model"}});
+    w.add_document(std::vector<uint32_t>(200, 999), {"synthetic", "doc", "none", "data"});
+    w.close();
+  }
+  auto e = error_of([&] { train::Trainer(micro_config(recipe, big, dir + "/big-run"), log); });
+  EXPECT_NE(e.find(big + "/data-00000.slmtok: tokenized with big-1000.model (vocabulary 1000), which does not fit "
+                         "recipe " + recipe + " (vocab_size 48); shard the data with a tokenizer of at most 48 ids"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(::access((dir + "/big-run").c_str(), F_OK), -1) << "a refused run leaves nothing behind";
+}
+
+TEST(DefaultRunDir, IsNamedAfterTheRecipeFileAndNeverReused) {
+  const std::string root = fresh_dir("runs");
+  EXPECT_EQ(train::default_run_dir("recipes/tiny-hybrid.json", root), root + "/tiny-hybrid");
+  ::mkdir((root + "/tiny-hybrid").c_str(), 0755);
+  EXPECT_EQ(train::default_run_dir("recipes/tiny-hybrid.json", root), root + "/tiny-hybrid-2");
+  ::mkdir((root + "/tiny-hybrid-2").c_str(), 0755);
+  EXPECT_EQ(train::default_run_dir("/abs/tiny-hybrid.json", root), root + "/tiny-hybrid-3");
+  EXPECT_EQ(train::default_run_dir("my-recipe", root), root + "/my-recipe");
+}
+
+// The newcomer's path on the command line: slm data shard of plain source files into nested, missing directories,
+// then slm train with neither --out nor a validation split, from a fresh working directory.
+TEST(TrainCliPlainShards, ShardThenTrainWithoutOutOrValidation) {
+  single_threaded();
+  const std::string cwd = fresh_dir("cwd");
+  const std::string recipe = source_path("recipes/tiny-hybrid.json");
+  auto r = run_slm("data shard --input " + source_path("src/slm/util") + " --tokenizer " +
+                       source_path("tokenizer/slm-code-512.model") + " --out shards/of/my/code",
+                   std::nullopt, cwd);
+  ASSERT_EQ(r.code, 0) << r.out;
+  ASSERT_EQ(::access((cwd + "/shards/of/my/code/data-00000.slmtok").c_str(), R_OK), 0) << r.out;
+
+  const std::string train = "train --recipe " + recipe + " --data shards/of/my/code --steps 2 --batch 2 --seq-len 32 "
+                            "--eval-every 0 --eval-batches 1 --threads 1";
+  r = run_slm(train, std::nullopt, cwd);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("no --out given: the run goes to out/runs/tiny-hybrid\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("data: domain 'data' has no validation split: its last "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("eval step 2: data loss"), std::string::npos) << r.out;
+  EXPECT_FALSE(train::latest_checkpoint(cwd + "/out/runs/tiny-hybrid").empty());
+  r = run_slm(train, std::nullopt, cwd);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("the run goes to out/runs/tiny-hybrid-2\n"), std::string::npos) << r.out;
+
+  // A run directory that cannot be made names the path in the way; nothing is trained.
+  write_file(cwd + "/taken", "a file");
+  r = run_slm(train + " --out taken/run", std::nullopt, cwd);
+  EXPECT_EQ(r.code, 2) << r.out;
+  EXPECT_NE(r.out.find("slm: error: taken/run: cannot create the directory: taken exists and is not a directory"),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(read_file(cwd + "/taken"), "a file");
 }
 
 }  // namespace

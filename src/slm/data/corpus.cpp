@@ -17,6 +17,7 @@
 #include "slm/data/text.h"
 #include "slm/data/tokenizer.h"
 #include "slm/util/error.h"
+#include "slm/util/files.h"
 
 namespace slm::data {
 
@@ -723,9 +724,8 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
   std::optional<Tokenizer> tok;
   if (!o.tokenizer.empty()) tok = Tokenizer::load(o.tokenizer);
   std::map<std::pair<size_t, std::string>, std::ofstream> outs;
-  fs::create_directories(o.out_dir);
   for (size_t di = 0; di < o.domains.size(); ++di) {
-    fs::create_directories(fs::path(o.out_dir) / o.domains[di]);
+    make_dirs((fs::path(o.out_dir) / o.domains[di]).string());
     for (const char* s : {"train", "validation", "test"}) {
       auto p = fs::path(o.out_dir) / o.domains[di] / (std::string(s) + ".jsonl");
       auto& f = outs[{di, s}];

@@ -12,6 +12,7 @@
 #include "slm/data/shards.h"
 #include "slm/data/tokenizer.h"
 #include "slm/util/error.h"
+#include "slm/util/files.h"
 
 namespace slm::data {
 
@@ -220,6 +221,7 @@ GraphBuildReport build_graph_documents(const GraphBuildOptions& o,
   meta.license = o.license;
   meta.domain = o.domain;
 
+  make_parent_dirs(o.out);
   const std::string tmp = o.out + ".tmp";
   std::ofstream out(tmp, std::ios::binary);
   if (!out) throw Error(o.out + ": cannot write");
@@ -231,7 +233,7 @@ GraphBuildReport build_graph_documents(const GraphBuildOptions& o,
                                 {"format", "context-graph"}};
   auto next_shard = [&] {
     if (shard) shard->close();
-    fs::create_directories(o.shards);
+    make_dirs(o.shards);
     char name[32];
     std::snprintf(name, sizeof name, "graphs-%05zu.slmtok", shard_count++);
     shard = std::make_unique<ShardWriter>((fs::path(o.shards) / name).string(), tok.vocab_size(), extra);

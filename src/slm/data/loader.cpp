@@ -60,17 +60,26 @@ TokenLoader::TokenLoader(std::vector<ShardSource> sources, LoaderOptions options
     Source s;
     s.name = in.name;
     s.weight = in.weight;
+    uint64_t all = 0;
     for (const auto& p : in.shards) {
       auto sh = Shard::open(p, opt_.verify_checksums);
       if (vocab && sh->vocab_size() != vocab)
         throw Error(p + ": vocab_size " + std::to_string(sh->vocab_size()) + " differs from the other shards' " +
                     std::to_string(vocab));
       vocab = sh->vocab_size();
-      s.starts.push_back(s.total);
-      s.total += sh->token_count();
+      s.starts.push_back(all);
+      all += sh->token_count();
       fp = mix64(fp ^ hash64(std::to_string(sh->token_count()) + ":" + std::to_string(sh->tokens_crc())));
       s.shards.push_back(std::move(sh));
     }
+    const uint64_t end = std::min(in.end, all);
+    if (in.begin > end)
+      throw Error("token loader: source '" + s.name + "' starts at token " + std::to_string(in.begin) +
+                  ", past its end " + std::to_string(end));
+    s.begin = in.begin;
+    s.total = end - in.begin;
+    // Only a partial range enters the fingerprint: cursors saved over whole sources stay valid.
+    if (s.total != all) fp = mix64(fp ^ hash64("range:" + std::to_string(s.begin) + ":" + std::to_string(end)));
     if (s.total < T + 1)
       throw Error("token loader: source '" + s.name + "' has " + std::to_string(s.total) +
                   " tokens, fewer than one window of " + std::to_string(T + 1));
@@ -103,7 +112,7 @@ void TokenLoader::read_window(size_t si, uint64_t w, int64_t* tokens, int32_t* d
   const Source& s = sources_.at(si);
   if (w >= s.windows) throw Error("token loader: window out of range");
   const uint64_t T = static_cast<uint64_t>(opt_.seq_len);
-  uint64_t pos = w * T;
+  uint64_t pos = s.begin + w * T;
   const uint64_t end = pos + T + 1;
   size_t shard = static_cast<size_t>(std::upper_bound(s.starts.begin(), s.starts.end(), pos) - s.starts.begin()) - 1;
   int32_t seg = 0;

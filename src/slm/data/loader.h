@@ -4,7 +4,8 @@
 //
 // The stream: global sample i picks its source from hash(seed, i) and the weights; the k-th sample drawn from a
 // source is window perm_e(k mod W) of epoch e = k / W, where W = (tokens - 1) / T non-overlapping windows
-// (window w covers tokens [w*T, w*T + T + 1) of the source's shards concatenated in order) and perm_e is a
+// (window w covers tokens [w*T, w*T + T + 1) of the source's token range: its shards concatenated in order, from
+// `begin` to `end`) and perm_e is a
 // seeded bijection of [0, W), a fresh one per epoch. Rank r of a world of n takes the samples with
 // i mod n == r, so the union over ranks is the single-process stream. Nothing depends on the batch size: a
 // cursor saved at any batch boundary resumes the same sample stream.
@@ -22,9 +23,13 @@
 namespace slm::data {
 
 struct ShardSource {
+  static constexpr uint64_t kToEnd = ~uint64_t{0};
   std::string name;                 // e.g. the domain
   std::vector<std::string> shards;  // files, concatenated in this order
   double weight = 1.0;              // relative sampling weight (> 0)
+  // The tokens [begin, end) of the concatenation are read (end is capped at the token count). One set of shards
+  // can so serve as two sources, e.g. training tokens and a held-out tail (train/evaluate.h, held_out_start).
+  uint64_t begin = 0, end = kToEnd;
 };
 
 struct LoaderOptions {
@@ -63,7 +68,7 @@ class TokenLoader {
   void restore(const LoaderCursor& c);
 
   uint64_t windows(size_t source) const { return sources_.at(source).windows; }
-  uint64_t tokens(size_t source) const { return sources_.at(source).total; }
+  uint64_t tokens(size_t source) const { return sources_.at(source).total; }  // in the source's token range
   size_t num_sources() const { return sources_.size(); }
   const std::string& source_name(size_t s) const { return sources_.at(s).name; }
   // Window w of source s, without advancing the stream.
@@ -75,7 +80,8 @@ class TokenLoader {
     double weight = 1.0;
     std::vector<std::shared_ptr<const Shard>> shards;
     std::vector<uint64_t> starts;  // prefix sums of shard token counts
-    uint64_t total = 0, windows = 0;
+    uint64_t begin = 0;            // first token of the range in the concatenation
+    uint64_t total = 0, windows = 0;  // tokens in the range, windows over them
   };
   size_t pick_source(uint64_t sample) const;
   uint64_t permuted(size_t s, uint64_t k) const;

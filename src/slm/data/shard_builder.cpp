@@ -9,6 +9,7 @@
 #include "slm/data/text.h"
 #include "slm/data/tokenizer.h"
 #include "slm/util/error.h"
+#include "slm/util/files.h"
 
 namespace slm::data {
 
@@ -63,7 +64,7 @@ std::vector<ShardGroup> build_shards(const ShardBuildOptions& o, const ProgressF
     if (g.w) g.w->close();
     char num[16];
     std::snprintf(num, sizeof num, "-%05zu", g.info.shards.size());
-    fs::create_directories(g.dir);
+    make_dirs(g.dir.string());
     const std::string path = (g.dir / (g.prefix + num + kShardExtension)).string();
     g.w = std::make_unique<ShardWriter>(path, tok.vocab_size(), extra);
     g.info.shards.push_back(path);

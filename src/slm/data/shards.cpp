@@ -14,6 +14,7 @@
 
 #include "slm/data/hashing.h"
 #include "slm/util/error.h"
+#include "slm/util/files.h"
 
 namespace slm::data {
 
@@ -313,7 +314,7 @@ std::vector<std::string> write_synthetic_shards(const std::string& dir, const st
                                                 uint64_t docs, uint64_t min_len, uint64_t max_len, uint64_t shards,
                                                 uint64_t seed, uint32_t first_id) {
   if (shards == 0 || max_len < min_len || first_id >= vocab) throw Error("write_synthetic_shards: bad arguments");
-  fs::create_directories(dir);
+  make_dirs(dir);
   std::mt19937_64 rng(seed);
   std::vector<std::string> paths;
   uint64_t doc = 0;

@@ -4,7 +4,6 @@
 #include <sentencepiece_trainer.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -13,10 +12,9 @@
 #include "slm/data/hashing.h"
 #include "slm/data/text.h"
 #include "slm/util/error.h"
+#include "slm/util/files.h"
 
 namespace slm::data {
-
-namespace fs = std::filesystem;
 
 const std::vector<std::string>& tokenizer_control_symbols() {
   static const std::vector<std::string> symbols = [] {
@@ -275,7 +273,7 @@ TokenizerTrainReport train_tokenizer(const TokenizerTrainOptions& o, const Progr
   if (!st.ok()) throw Error("tokenizer train: sentencepiece failed: " + st.ToString());
   auto tok = Tokenizer::from_serialized(model, o.output);  // validates byte fallback and specials
   rep.vocab_size = tok.vocab_size();
-  if (auto parent = fs::path(o.output).parent_path(); !parent.empty()) fs::create_directories(parent);
+  make_parent_dirs(o.output);
   std::ofstream out(o.output, std::ios::binary);
   out << model;
   if (!out) throw Error(o.output + ": cannot write tokenizer model");

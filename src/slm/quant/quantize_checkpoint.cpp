@@ -7,6 +7,7 @@
 #include "slm/quant/nvfp4.h"
 #include "slm/quant/nvfp4_store.h"
 #include "slm/util/error.h"
+#include "slm/util/files.h"
 #include "slm/util/format.h"
 
 namespace slm::nvfp4 {
@@ -61,6 +62,7 @@ TensorPlan plan_tensor(const ParamSpec& spec, const std::vector<std::string>& ke
 QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, const Recipe& recipe,
                                    const std::vector<std::string>& keep_patterns) {
   Checkpoint src = load_checkpoint(in);
+  make_parent_dirs(out);  // before the work, so a path that cannot be written fails fast
   std::map<std::string, ParamSpec> specs;
   for (auto& p : account(recipe, make_plan(recipe)).params) specs.emplace(p.name, std::move(p));
   for (const auto& [name, spec] : specs) {

@@ -87,8 +87,7 @@ std::string latest_checkpoint(const std::string& run_dir) {
 std::string save_checkpoint(const std::string& run_dir, const CheckpointData& data, int keep_last) {
   if (!data.meta.contains("step")) throw Error("save_checkpoint: meta has no step");
   const int64_t step = data.meta["step"].get<int64_t>();
-  ::mkdir(run_dir.c_str(), 0755);
-  if (!is_dir(run_dir)) throw Error(run_dir + ": cannot create the run directory");
+  make_dirs(run_dir);
   const std::string name = checkpoint_name(step), final_dir = run_dir + "/" + name;
   const std::string tmp = run_dir + "/.tmp-" + name + "-" + std::to_string(::getpid());
   remove_tree(tmp);

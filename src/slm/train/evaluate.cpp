@@ -34,26 +34,89 @@ std::vector<std::string> list_dir(const std::string& dir) {
   return out;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+// "train" for "train-00003.slmtok": the name before "-<digits>.slmtok", as slm data shard numbers its files; "" for
+// any other file name.
+std::string shard_prefix(const std::string& file) {
+  const std::string ext = data::kShardExtension;
+  if (file.size() <= ext.size() || file.compare(file.size() - ext.size(), ext.size(), ext) != 0) return "";
+  const std::string stem = file.substr(0, file.size() - ext.size());
+  const auto dash = stem.rfind('-');
+  if (dash == std::string::npos || dash == 0 || dash + 1 == stem.size()) return "";
+  for (size_t i = dash + 1; i < stem.size(); ++i)
+    if (stem[i] < '0' || stem[i] > '9') return "";
+  return stem.substr(0, dash);
 }
 
 }  // namespace
 
-std::vector<data::ShardSource> split_sources(const std::string& data_dir, const std::string& split,
-                                             const std::vector<std::string>& domains) {
+std::vector<DomainShards> find_domains(const std::string& data_dir, const std::vector<std::string>& domains) {
   if (!is_dir(data_dir)) throw Error(data_dir + ": no such shard directory (build one with `slm data shard`)");
-  std::vector<std::string> names = domains;
-  if (names.empty())
-    for (const auto& d : list_dir(data_dir))
-      if (is_dir(data_dir + "/" + d)) names.push_back(d);
+  std::map<std::string, DomainShards> found, plain;
+  for (const auto& entry : list_dir(data_dir)) {
+    const std::string path = data_dir + "/" + entry;
+    if (is_dir(path)) {
+      DomainShards d{entry, {}};
+      for (const auto& f : list_dir(path))
+        if (auto split = shard_prefix(f); !split.empty()) d.splits[split].push_back(path + "/" + f);
+      if (!d.splits.empty()) found[entry] = std::move(d);
+    } else if (auto prefix = shard_prefix(entry); !prefix.empty()) {
+      plain[prefix].name = prefix;
+      plain[prefix].splits["train"].push_back(path);
+    }
+  }
+  for (auto& [prefix, d] : plain) {
+    if (found.count(prefix))
+      throw Error(data_dir + ": the plain shards " + d.splits["train"].front() + " and the domain directory " +
+                  data_dir + "/" + prefix + " would both be domain '" + prefix + "'; move one of them");
+    found[prefix] = std::move(d);
+  }
+  std::vector<DomainShards> out;
+  if (domains.empty()) {
+    for (auto& [_, d] : found) out.push_back(std::move(d));
+  } else {
+    for (const auto& name : domains)
+      if (auto it = found.find(name); it != found.end()) out.push_back(it->second);
+  }
+  return out;
+}
+
+uint64_t held_out_start(const std::vector<std::string>& train_shards, uint64_t window_tokens) {
+  std::vector<std::shared_ptr<const data::Shard>> shards;
+  uint64_t total = 0;
+  for (const auto& path : train_shards) {
+    shards.push_back(data::Shard::open(path, /*verify=*/false));
+    total += shards.back()->token_count();
+  }
+  const uint64_t want = std::max<uint64_t>((total + 99) / 100, window_tokens);
+  if (total < want + window_tokens) return 0;
+  const uint64_t latest = total - want;  // the held-out part starts here or earlier
+  // The start of the document holding token `latest`; every shard starts a document.
+  uint64_t boundary = 0, start = 0;
+  for (const auto& sh : shards) {
+    if (latest < start + sh->token_count()) {
+      boundary = start + sh->doc_begin(sh->doc_at(latest - start));
+      break;
+    }
+    start += sh->token_count();
+  }
+  if (total - boundary > 2 * want || boundary < window_tokens) return latest;
+  return boundary;
+}
+
+std::vector<data::ShardSource> split_sources(const std::string& data_dir, const std::string& split,
+                                             const std::vector<std::string>& domains, uint64_t window_tokens) {
   std::vector<data::ShardSource> out;
-  for (const auto& d : names) {
-    std::vector<std::string> shards;
-    for (const auto& f : list_dir(data_dir + "/" + d))
-      if (f.rfind(split + "-", 0) == 0 && ends_with(f, data::kShardExtension))
-        shards.push_back(data_dir + "/" + d + "/" + f);
-    if (!shards.empty()) out.push_back({d, shards, 1.0});
+  for (const auto& d : find_domains(data_dir, domains)) {
+    const auto train = d.splits.find("train");
+    if ((split == "train" || split == "validation") && train != d.splits.end() && !d.splits.count("validation")) {
+      const uint64_t cut = held_out_start(train->second, window_tokens);
+      if (split == "train")
+        out.push_back({d.name, train->second, 1.0, 0, cut > 0 ? cut : data::ShardSource::kToEnd});
+      else if (cut > 0)
+        out.push_back({d.name, train->second, 1.0, cut, data::ShardSource::kToEnd});
+      continue;
+    }
+    if (auto it = d.splits.find(split); it != d.splits.end()) out.push_back({d.name, it->second, 1.0});
   }
   return out;
 }
@@ -69,8 +132,12 @@ std::string run_tokenizer(const nlohmann::json& run_config, const std::string& d
   const std::string named = run_config.is_object() ? run_config.value("tokenizer", "") : "";
   if (!named.empty()) return named;
   try {
-    const auto sources = split_sources(data_dir, split, {});
-    return sources.empty() ? "" : shard_tokenizer(sources.front().shards.front());
+    for (const auto& d : find_domains(data_dir, {})) {
+      auto it = d.splits.find(split);
+      if (it == d.splits.end() && split == "validation") it = d.splits.find("train");  // a held-out tail
+      if (it != d.splits.end()) return shard_tokenizer(it->second.front());
+    }
+    return "";
   } catch (const Error&) {
     return "";  // the shards moved or cannot be read: no tokenizer is known
   }
@@ -174,20 +241,6 @@ CheckpointScores evaluate_checkpoint(const CheckpointEval& req) {
 
   const std::string data = !req.data.empty() ? req.data : run.value("data", "");
   if (data.empty()) throw Error(path + ": give the shard directory (--data)");
-  const auto domains = !req.domains.empty() ? req.domains : run.value("domains", std::vector<std::string>{});
-  auto sources = split_sources(data, req.split, domains);
-  for (const auto& d : domains)
-    if (std::none_of(sources.begin(), sources.end(), [&](const auto& s) { return s.name == d; }))
-      throw Error(data + "/" + d + ": domain '" + d + "' has no " + req.split + "-*.slmtok shards");
-  if (sources.empty())
-    throw Error(data + ": no <domain>/" + req.split + "-*.slmtok shards (the split '" + req.split +
-                "' is missing; `slm data shard` writes train, validation and test)");
-  for (const auto& src : sources)
-    for (const auto& shard : src.shards)
-      if (data::Shard::open(shard, /*verify=*/false)->vocab_size() > static_cast<uint32_t>(recipe.vocab_size))
-        throw Error(shard + ": shard vocabulary exceeds the vocab_size " + std::to_string(recipe.vocab_size) +
-                    " of recipe " + recipe.name + "; the checkpoint was not trained on these shards");
-
   auto setting = [&](int64_t given, const char* key, int64_t fallback) {
     if (given > 0) return given;
     const int64_t saved = run.value(key, int64_t{0});
@@ -197,6 +250,24 @@ CheckpointScores evaluate_checkpoint(const CheckpointEval& req) {
   out.windows.seq_len = setting(req.seq_len, "seq_len", recipe.seq_len);
   out.windows.batches = setting(req.batches, "eval_batches", 4);
   if (out.windows.seq_len < 2) throw Error("--seq-len must be >= 2");
+
+  const auto domains = !req.domains.empty() ? req.domains : run.value("domains", std::vector<std::string>{});
+  // A held-out tail depends on the window length (held_out_start): the training run's, whatever --seq-len says,
+  // so that evaluation reads the tokens training held out.
+  const auto trained_window = static_cast<uint64_t>(setting(0, "seq_len", recipe.seq_len)) + 1;
+  auto sources = split_sources(data, req.split, domains, trained_window);
+  for (const auto& d : domains)
+    if (std::none_of(sources.begin(), sources.end(), [&](const auto& s) { return s.name == d; }))
+      throw Error(data + "/" + d + ": domain '" + d + "' has no " + req.split + "-*.slmtok shards");
+  if (sources.empty())
+    throw Error(data + ": no <domain>/" + req.split + "-*.slmtok shards (the split '" + req.split +
+                "' is missing; `slm data shard` of a corpus writes train, validation and test, of plain files "
+                "training shards whose held-out tail is the validation split)");
+  for (const auto& src : sources)
+    for (const auto& shard : src.shards)
+      if (data::Shard::open(shard, /*verify=*/false)->vocab_size() > static_cast<uint32_t>(recipe.vocab_size))
+        throw Error(shard + ": shard vocabulary exceeds the vocab_size " + std::to_string(recipe.vocab_size) +
+                    " of recipe " + recipe.name + "; the checkpoint was not trained on these shards");
 
   const std::string tokenizer = !req.tokenizer.empty() ? req.tokenizer : run_tokenizer(run, data, req.split);
   torch::Tensor token_bytes;

@@ -1,6 +1,6 @@
 #pragma once
 // Held-out evaluation, shared by the trainer's validation and `slm eval`: the mean next-token loss and the bits per
-// byte of a model per domain, over a split of the token shards (<data>/<domain>/<split>-NNNNN.slmtok).
+// byte of a model per domain, over a split of the token shards; and the one reading of a shard directory both use.
 #include <torch/torch.h>
 
 #include <cmath>
@@ -30,18 +30,39 @@ struct EvalWindows {
   int64_t batches = 4;  // micro-batches per domain; fewer when the split has fewer windows
 };
 
-// The domains of data_dir (those named, or every subdirectory when `domains` is empty) that have shards of `split`,
-// one source each with weight 1, in the order given (or by name). Throws slm::Error when data_dir does not exist.
+// A shard directory holds either layout, or both (docs/training.md, "Data"):
+//   <data>/<domain>/<split>-NNNNN.slmtok   slm data build + slm data shard: a domain per directory, with its splits
+//   <data>/<prefix>-NNNNN.slmtok           slm data shard of plain files: one domain named after the prefix (e.g.
+//                                          "data"), all of it training data
+// A domain with training shards but no validation shards gets a held-out tail of them as its validation split.
+struct DomainShards {
+  std::string name;
+  std::map<std::string, std::vector<std::string>> splits;  // split name -> shard files in order
+};
+
+// The domains of data_dir (those named that exist, or all when `domains` is empty), in the order given (or by
+// name). Throws slm::Error when data_dir is not a directory, or when a directory and a plain prefix share a name.
+std::vector<DomainShards> find_domains(const std::string& data_dir, const std::vector<std::string>& domains);
+
+// Where the held-out validation tail of training shards begins, as a token offset into their concatenation: it
+// holds at least max(1% of the tokens, window_tokens) and starts at a document boundary, the last one that leaves
+// that much, unless that would hold out more than twice as much (a long last document): then it starts exactly that
+// many tokens before the end. 0 when the tokens cannot make a training window and a validation window each.
+uint64_t held_out_start(const std::vector<std::string>& train_shards, uint64_t window_tokens);
+
+// One source per domain of find_domains that has the split (weight 1). Without validation shards, "train" is the
+// training shards up to held_out_start and "validation" the rest; window_tokens is one window (seq_len + 1).
 std::vector<data::ShardSource> split_sources(const std::string& data_dir, const std::string& split,
-                                             const std::vector<std::string>& domains);
+                                             const std::vector<std::string>& domains, uint64_t window_tokens);
 
 // The tokenizer the shard records in its sidecar, as tokenizer/<name> when that file is readable (relative to the
 // working directory, like the repository's tokenizer/); "" otherwise.
 std::string shard_tokenizer(const std::string& shard_path);
 
 // The tokenizer a training run was trained with, as `slm eval` and `slm generate` look it up: the run
-// configuration's `tokenizer` (slm train --tokenizer; "none" is returned as is), else the one the first
-// <domain>/<split> shard under data_dir names (shard_tokenizer), else "" (also when data_dir has no such shards).
+// configuration's `tokenizer` (slm train --tokenizer; "none" is returned as is), else the one the first shard of
+// `split` under data_dir names (shard_tokenizer; a held-out validation split is read from the training shards),
+// else "" (also when data_dir has no such shards).
 std::string run_tokenizer(const nlohmann::json& run_config, const std::string& data_dir, const std::string& split);
 
 // [vocab_size] float64: the bytes each id decodes to (0 for ids past the tokenizer's vocabulary and for specials).

@@ -6,8 +6,6 @@
 
 namespace slm::train {
 
-namespace {
-
 bool is_matmul(ParamKind k) {
   switch (k) {
     case ParamKind::Head:
@@ -19,6 +17,8 @@ bool is_matmul(ParamKind k) {
     default: return false;
   }
 }
+
+namespace {
 
 // Score + value FLOPs of one attention layer per token (forward), before the x6/2 training factor.
 double attention_forward(const Recipe& r, const LayerPlan& l, int64_t seq_len) {

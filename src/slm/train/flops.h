@@ -10,6 +10,7 @@
 // MTP modules count like main layers (they are trained). Engram tables are gathers (0 FLOPs); their projections count.
 #include <cstdint>
 
+#include "slm/recipe/accounting.h"
 #include "slm/recipe/plan.h"
 #include "slm/recipe/recipe.h"
 
@@ -23,5 +24,9 @@ struct FlopCount {
 };
 
 FlopCount flops_per_token(const Recipe& recipe, const ModelPlan& plan, int64_t seq_len);
+
+// Parameters a token is multiplied with (Head, Linear, Expert, Router, Indexer, Mixing): the matmul FLOPs above and
+// the activation estimate (memory.h) count these.
+bool is_matmul(ParamKind kind);
 
 }  // namespace slm::train

@@ -1,6 +1,5 @@
 #include "slm/train/plot.h"
 
-#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
@@ -89,7 +88,7 @@ std::vector<std::string> plot_run(const std::string& dir) {
       }
   }
   if (n == 0) throw Error(metrics + ": no metrics yet");
-  ::mkdir((dir + "/plot").c_str(), 0755);
+  make_dirs(dir + "/plot");
   std::vector<std::string> out;
   out.push_back(plot(dir, "loss", "loss (nats per token)", "loss", loss));
   if (!bpb.empty()) out.push_back(plot(dir, "bpb", "validation bits per byte", "bits per byte", bpb));

@@ -2,13 +2,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
-#include <dirent.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -30,6 +29,7 @@
 #include "slm/train/distributed.h"
 #include "slm/train/evaluate.h"
 #include "slm/train/flops.h"
+#include "slm/train/memory.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 
@@ -39,14 +39,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-bool is_dir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// One source per domain directory of cfg.data that has shards of the split (train, validation).
-std::vector<data::ShardSource> find_sources(const TrainConfig& cfg, const std::string& split) {
-  std::vector<data::ShardSource> out = split_sources(cfg.data, split, cfg.domains);
+// One source per domain of cfg.data that has the split (train, validation; split_sources).
+std::vector<data::ShardSource> find_sources(const TrainConfig& cfg, const std::string& split, int64_t seq_len) {
+  std::vector<data::ShardSource> out = split_sources(cfg.data, split, cfg.domains, static_cast<uint64_t>(seq_len) + 1);
   if (split == "train")
     for (const auto& d : cfg.domains)
       if (std::none_of(out.begin(), out.end(), [&](const auto& s) { return s.name == d; }))
@@ -57,7 +52,8 @@ std::vector<data::ShardSource> find_sources(const TrainConfig& cfg, const std::s
     if (std::none_of(out.begin(), out.end(), [&](const auto& s) { return s.name == d; }) && split == "train")
       throw Error("--mix names domain '" + d + "', which has no train shards under " + cfg.data);
   if (out.empty() && split == "train")
-    throw Error(cfg.data + ": no <domain>/train-*.slmtok shards (build them with `slm data shard`)");
+    throw Error(cfg.data + ": no token shards: neither <prefix>-NNNNN.slmtok nor <domain>/train-NNNNN.slmtok (build "
+                "them with `slm data shard`)");
   return out;
 }
 
@@ -86,6 +82,35 @@ std::string cuda_device_name(int index) {
 #endif
   (void)index;
   return "";
+}
+
+// Bytes of memory on the device: the GPU's, or the machine's physical memory for the CPU.
+double device_capacity(torch::Device device) {
+#ifdef SLM_WITH_CUDA
+  if (device.is_cuda()) {
+    c10::cuda::CUDAGuard guard(device.index());
+    size_t free = 0, total = 0;
+    return cudaMemGetInfo(&free, &total) == cudaSuccess ? static_cast<double>(total) : 0;
+  }
+#endif
+  if (device.is_cuda()) return 0;
+  return static_cast<double>(::sysconf(_SC_PHYS_PAGES)) * static_cast<double>(::sysconf(_SC_PAGE_SIZE));
+}
+
+// The message for the allocation failure e (is_out_of_memory) while training cfg on one of `workers` devices.
+std::string out_of_memory_text(const std::exception& e, const TrainConfig& cfg, const Recipe& recipe, int64_t seq_len,
+                               torch::Device device, int workers, const std::string& where) {
+  OutOfMemoryContext c;
+  c.where = where + " on " + device.str();
+  c.recipe_file = cfg.recipe;
+  c.batch = cfg.batch / workers;
+  c.seq_len = seq_len;
+  c.accum = cfg.accum;
+  c.workers = workers;
+  c.capacity = device_capacity(device);
+  const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
+  c.allocator = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
+  return out_of_memory_message(training_memory(recipe, c.batch, seq_len, device.is_cuda()), c);
 }
 
 // Where the lines of ranks other than 0 go.
@@ -163,6 +188,15 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
   return c;
 }
 
+std::string default_run_dir(const std::string& recipe_file, const std::string& root) {
+  std::string name = recipe_file.substr(recipe_file.find_last_of('/') + 1);
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) name.resize(name.size() - 5);
+  const std::string base = root + "/" + name;
+  std::string dir = base;
+  for (int n = 2; ::access(dir.c_str(), F_OK) == 0; ++n) dir = base + "-" + std::to_string(n);
+  return dir;
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // State
 
@@ -180,6 +214,7 @@ struct Trainer::State {
   double flops_per_token = 0, peak_flops = 0;
   std::ofstream metrics;
   std::string last_checkpoint;
+  std::vector<std::string> notes;  // what the run should know about its data, logged at the start
   DistEnv dist_env;
   std::unique_ptr<DataParallel> dist;  // world size > 1 only; declared last so its hooks go before the model
 };
@@ -229,15 +264,35 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
   s->seq_len = cfg.seq_len > 0 ? cfg.seq_len : s->recipe.seq_len;
   if (s->seq_len < 2) throw Error("sequence length must be >= 2 (recipe seq_len or --seq-len)");
 
-  auto train = find_sources(cfg, "train");
-  s->validation = find_sources(cfg, "validation");
-  for (const auto& src : train)
-    for (const auto& path : src.shards) {
-      auto shard = data::Shard::open(path, /*verify=*/false);
-      if (shard->vocab_size() > static_cast<uint32_t>(s->recipe.vocab_size))
-        throw Error(path + ": shard vocabulary " + std::to_string(shard->vocab_size()) + " exceeds the recipe's " +
-                    std::to_string(s->recipe.vocab_size) + " (" + cfg.recipe + "); tokenize with a matching tokenizer");
+  auto train = find_sources(cfg, "train", s->seq_len);
+  s->validation = find_sources(cfg, "validation", s->seq_len);
+  for (const auto* sources : {&train, &s->validation})
+    for (const auto& src : *sources)
+      for (const auto& path : src.shards) {
+        auto shard = data::Shard::open(path, /*verify=*/false);
+        if (shard->vocab_size() <= static_cast<uint32_t>(s->recipe.vocab_size)) continue;
+        const auto extra = shard->sidecar().value("extra", nlohmann::json());
+        const std::string tok = extra.is_object() ? extra.value("tokenizer", "") : "";
+        const std::string v = std::to_string(shard->vocab_size()), rv = std::to_string(s->recipe.vocab_size);
+        throw Error(path + ": tokenized with " + (tok.empty() ? std::string("a tokenizer") : tok) + " (vocabulary " +
+                    v + "), which does not fit recipe " + cfg.recipe + " (vocab_size " + rv +
+                    "); shard the data with a tokenizer of at most " + rv + " ids, or train a recipe with vocab_size >= " +
+                    v);
+      }
+  // A held-out tail (split_sources) is announced: the training data is smaller than the shards by it.
+  for (const auto& v : s->validation)
+    if (v.begin > 0) {
+      uint64_t total = 0;
+      for (const auto& path : v.shards) total += data::Shard::open(path, /*verify=*/false)->token_count();
+      char pct[32];
+      std::snprintf(pct, sizeof pct, "%.1f%%", 100.0 * static_cast<double>(total - v.begin) / static_cast<double>(total));
+      s->notes.push_back("domain '" + v.name + "' has no validation split: its last " + std::to_string(total - v.begin) +
+                         " of " + std::to_string(total) + " tokens (" + pct + ") are held out for validation");
     }
+  for (const auto& t : train)
+    if (std::none_of(s->validation.begin(), s->validation.end(), [&](const auto& v) { return v.name == t.name; }))
+      s->notes.push_back("domain '" + t.name + "' has no validation split and too few tokens to hold one out: no "
+                         "validation loss for it");
   data::LoaderOptions lo;
   lo.batch_size = cfg.batch;
   lo.seq_len = s->seq_len;
@@ -262,7 +317,13 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
   }
 
   torch::manual_seed(cfg.seed);
-  s->model = std::make_unique<model::HybridLM>(s->recipe, torch::TensorOptions().dtype(torch::kFloat).device(s->device));
+  try {
+    s->model =
+        std::make_unique<model::HybridLM>(s->recipe, torch::TensorOptions().dtype(torch::kFloat).device(s->device));
+  } catch (const std::exception& e) {
+    if (!is_out_of_memory(e)) throw;
+    throw Error(out_of_memory_text(e, cfg, s->recipe, s->seq_len, s->device, world, "building the model"));
+  }
   s->model->train();
   if (!canonical.empty()) s->model->set_engram_canonical_ids(canonical);
   const auto& layers = s->model->plan().layers;
@@ -292,6 +353,7 @@ Trainer::Trainer(std::unique_ptr<State> s, TrainConfig cfg, std::ostream& log)
     : s_(std::move(s)), cfg_(std::move(cfg)), log_(s_->dist_env.rank == 0 ? &log : &null_stream()) {
   const int64_t tokens_per_step = cfg_.batch * cfg_.accum * s_->seq_len;
   total_steps_ = cfg_.steps > 0 ? cfg_.steps : (cfg_.token_budget + tokens_per_step - 1) / tokens_per_step;
+  for (const auto& n : s_->notes) *log_ << "data: " << n << "\n";
 }
 
 Trainer::Trainer(TrainConfig config, std::ostream& log)
@@ -300,8 +362,7 @@ Trainer::Trainer(TrainConfig config, std::ostream& log)
     throw Error(cfg_.out + " already holds a checkpoint: continue it with --resume " + cfg_.out +
                 " or choose another --out");
   if (s_->dist_env.rank != 0) return;  // rank 0 owns the run directory
-  ::mkdir(cfg_.out.c_str(), 0755);
-  if (!is_dir(cfg_.out)) throw Error(cfg_.out + ": cannot create the run directory");
+  make_dirs(cfg_.out);
   s_->metrics.open(cfg_.out + "/metrics.jsonl", std::ios::trunc);
   if (!s_->metrics) throw Error(cfg_.out + "/metrics.jsonl: cannot write");
   write_file_atomic(cfg_.out + "/config.json", cfg_.to_json().dump(2) + "\n");
@@ -419,6 +480,18 @@ void Trainer::set_dsa_warmup(bool on) {
 }
 
 int64_t Trainer::run(const std::atomic<bool>* stop, int64_t until) {
+  try {
+    return run_steps(stop, until);
+  } catch (const std::exception& e) {
+    if (!is_out_of_memory(e)) throw;
+    if (::isatty(STDERR_FILENO) && log_ == &std::cerr) *log_ << "\n";  // end the progress line
+    throw Error(out_of_memory_text(e, cfg_, s_->recipe, s_->seq_len, s_->device, s_->dist_env.world_size,
+                                   "at step " + std::to_string(step_ + 1)) +
+                (s_->last_checkpoint.empty() ? "" : "\nThe last checkpoint is " + s_->last_checkpoint + "."));
+  }
+}
+
+int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
   auto& m = *s_->model;
   auto& opt = *s_->optimizer;
   const std::vector<torch::Tensor> params = m.parameters();

@@ -49,6 +49,10 @@ struct TrainConfig {
   static TrainConfig from_json(const nlohmann::json& j);
 };
 
+// Where `slm train` without --out puts a run: <root>/<recipe file name without .json>, or the first of -2, -3, ...
+// appended that does not exist yet, so a second run never lands on the first.
+std::string default_run_dir(const std::string& recipe_file, const std::string& root = "out/runs");
+
 // One line per logged step, also what the progress line shows.
 struct StepMetrics {
   int64_t step = 0;
@@ -66,7 +70,8 @@ class Trainer {
   static Trainer resume(const std::string& dir, const nlohmann::json& overrides, std::ostream& log);
 
   // Trains until the configured number of steps, until *stop becomes true or until step `until` (when >= 0); in
-  // the last two cases it saves a checkpoint first. Returns the number of steps this call ran.
+  // the last two cases it saves a checkpoint first. Returns the number of steps this call ran. An allocation that
+  // fails becomes an slm::Error saying what did not fit and what to change (memory.h).
   int64_t run(const std::atomic<bool>* stop = nullptr, int64_t until = -1);
 
   const TrainConfig& config() const { return cfg_; }
@@ -85,6 +90,7 @@ class Trainer {
 
  private:
   Trainer(std::unique_ptr<State> s, TrainConfig cfg, std::ostream& log);
+  int64_t run_steps(const std::atomic<bool>* stop, int64_t until);  // run() without the out-of-memory message
   void set_dsa_warmup(bool on);
   std::unique_ptr<State> s_;
   TrainConfig cfg_;

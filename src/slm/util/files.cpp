@@ -75,6 +75,28 @@ void remove_tree(const std::string& path) {
     throw Error(path + ": cannot remove: " + sys_error());
 }
 
+void make_dirs(const std::string& path) {
+  if (path.empty()) throw Error("cannot create a directory with an empty name");
+  // Each prefix ending before a '/' (and the whole path) in turn, root first, as mkdir -p does.
+  for (size_t end = path.find('/', 1);; end = path.find('/', end + 1)) {
+    const std::string part = path.substr(0, end);
+    struct stat st;
+    if (::stat(part.c_str(), &st) == 0) {
+      if (!S_ISDIR(st.st_mode))
+        throw Error(path + ": cannot create the directory: " + part + " exists and is not a directory");
+    } else if (errno != ENOENT) {
+      throw Error(path + ": cannot create the directory: " + part + ": " + sys_error());
+    } else if (::mkdir(part.c_str(), 0755) != 0 && errno != EEXIST) {  // EEXIST: made by someone else meanwhile
+      throw Error(path + ": cannot create the directory " + part + ": " + sys_error());
+    }
+    if (end == std::string::npos) return;
+  }
+}
+
+void make_parent_dirs(const std::string& file_path) {
+  if (file_path.find('/') != std::string::npos) make_dirs(parent_dir(file_path));
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open: " + sys_error());

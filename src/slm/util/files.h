@@ -14,6 +14,13 @@ void fsync_dir(const std::string& dir);
 // Removes a file or a directory tree (like rm -rf); missing paths are fine. Throws slm::Error on failure.
 void remove_tree(const std::string& path);
 
+// mkdir -p: creates the directory and every missing parent (mode 0755); an existing directory is fine. Throws
+// slm::Error naming the path and the component that could not be made and why (e.g. it is a regular file).
+void make_dirs(const std::string& path);
+
+// make_dirs of the directory a file path names (nothing for a bare file name), so writing the file can succeed.
+void make_parent_dirs(const std::string& file_path);
+
 // Whole file as a string; throws slm::Error naming the file when it cannot be read.
 std::string read_file(const std::string& path);
 

@@ -18,11 +18,11 @@ std::string human_count(long long n) {
   return buf;
 }
 
-std::string human_bytes(long long bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB"};
+  double v = bytes;
   int u = 0;
-  while (v >= 1024.0 && u < 4) v /= 1024.0, ++u;
+  while (v >= 1024.0 && u < 8) v /= 1024.0, ++u;
   char buf[32];
   std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.2f %s", v, units[u]);
   return buf;
