@@ -269,10 +269,11 @@ TEST(MoE, GroupedExpertsMatchFloat64DenseReference) {
   auto y64 = model::dense_experts_reference(x64, r, *ref);
   auto g64 = torch::autograd::grad({(y64 * up).sum()}, {x64, ref->w13, ref->w2});
   // bf16 rounds the hidden activations, the gated outputs and their sum (2^-9 relative each, compounding
-  // through SwiGLU and the second GEMM); the gradients round once more on the way back.
+  // through SwiGLU and the second GEMM), and the gradients likewise on the way back: about 1e-2 of the largest
+  // value at worst over 20 random draws of this setup, so 2e-2.
   EXPECT_LT(rel_diff(y, y64), 2e-2);
   const char* names[] = {"input", "w13", "w2"};
-  for (size_t i = 0; i < g.size(); ++i) EXPECT_LT(rel_diff(g[i], g64[i]), 3e-2) << names[i];
+  for (size_t i = 0; i < g.size(); ++i) EXPECT_LT(rel_diff(g[i], g64[i]), 2e-2) << names[i];
 }
 
 TEST(MoE, CudaGroupedDispatchMatchesTheLoopUnderAutocast) {
