@@ -133,7 +133,8 @@ void add_train_command(CLI::App& app) {
   t->add_option("--optim", o->optim_overrides,
                 "optimizer setting key=value, e.g. --optim matrix_lr=0.01 (the group table printed at start lists "
                 "them; docs/training.md)");
-  t->add_option("--grad-clip", c.grad_clip, "clip the global gradient norm to this (0: off)")->capture_default_str();
+  t->add_option("--grad-clip", c.grad_clip, "clip the gradient norm to this, the DSA indexers' apart (0: off)")
+      ->capture_default_str();
   t->add_option("--max-bad-steps", c.max_bad_steps, "stop after this many consecutive non-finite steps")
       ->capture_default_str();
   t->add_option("--eval-every", c.eval_every, "validation interval in steps (0: at the end only)")

@@ -80,6 +80,36 @@ TEST_F(DataParallelCli, TwoGlooProcessesMatchOneProcessOnTheSameGlobalBatch) {
   EXPECT_GT(momenta, 4);
 }
 
+// With DSA the indexers' gradient norm is reduced and clipped apart from the LM's (trainer.h), the same with two
+// workers as with one. Only the norms and losses are compared: at this toy initialisation the x0/resid lambdas'
+// gradients are a few 1e-10, near AdamW's ε = 1e-10, where the update turns float summation noise (larger with
+// DSA) into weight differences above the other test's 1e-4.
+TEST_F(DataParallelCli, TwoGlooProcessesNormTheDsaIndexersApartAsOneProcess) {
+  auto j = micro_hybrid_json();
+  j["attention"]["dsa_enabled"] = true;
+  j["attention"]["dsa_local_window"] = 4;
+  j["attention"]["dsa_indexer_heads"] = 2;
+  j["attention"]["dsa_indexer_dim"] = 4;
+  recipe = write_recipe(dir, j);
+  const std::string one = dir + "/one", two = dir + "/two";
+  auto r1 = run_slm(args(one));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  auto r2 = run_slm(args(two, "--nproc 2 --bucket-elements 3000"));
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  for (const char* key : {"loss", "grad_norm", "indexer_grad_norm"}) {
+    std::map<int64_t, double> v1, v2;
+    for (const auto& m : read_metrics(one))
+      if (m.contains(key)) v1[m["step"]] = m[key];
+    for (const auto& m : read_metrics(two))
+      if (m.contains(key)) v2[m["step"]] = m[key];
+    ASSERT_EQ(v1.size(), 8u) << key;
+    for (const auto& [step, v] : v1) {
+      EXPECT_GT(v, 0) << key << ", step " << step;
+      EXPECT_NEAR(v2.at(step), v, 1e-4 * v) << key << ", step " << step;
+    }
+  }
+}
+
 TEST_F(DataParallelCli, AGlobalBatchThatDoesNotSplitIsRefusedByEveryWorker) {
   auto r = run_slm("train --recipe " + recipe + " --data " + data + " --out " + dir +
                    "/odd --steps 2 --batch 3 --seq-len 24 --threads 1 --tokenizer none --nproc 2");

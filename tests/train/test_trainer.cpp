@@ -44,6 +44,7 @@ TEST_F(TrainerFixture, LossFallsBelowHalfOfItsStart) {
   t.run();
   auto losses = train_losses(c.out);
   ASSERT_EQ(losses.size(), 150u);
+  EXPECT_FALSE(read_metrics(c.out).front().contains("indexer_grad_norm")) << "no DSA, no indexer norm";
   const double first = losses.begin()->second;
   double last = 0;
   for (int64_t s = 141; s <= 150; ++s) last += losses.at(s) / 10;
@@ -237,6 +238,19 @@ TEST_F(TrainerFixture, DsaWarmupTrainsOnlyTheIndexers) {
   EXPECT_GT(indexer_tensors, 0);
   EXPECT_FALSE(torch::equal(warm.at("layers.0.attn.wq.weight"), trained.at("layers.0.attn.wq.weight")))
       << "after the warm-up the whole model trains";
+  // The LM and the indexers are clipped and logged apart: in the warm-up the LM has no gradient at all.
+  int steps = 0;
+  for (const auto& m : read_metrics(c.out)) {
+    if (!m.contains("loss")) continue;  // evaluation lines
+    ++steps;
+    ASSERT_TRUE(m.contains("indexer_grad_norm")) << m.dump();
+    EXPECT_GT(m["indexer_grad_norm"].get<double>(), 0) << m.dump();
+    if (m["step"] <= 2)
+      EXPECT_EQ(m["grad_norm"].get<double>(), 0) << m.dump();
+    else
+      EXPECT_GT(m["grad_norm"].get<double>(), 0) << m.dump();
+  }
+  EXPECT_EQ(steps, 3);
 }
 
 // Issue 5's acceptance: the tiny recipe with every feature on (DSA, MLA, Engram, mHC, MTP) takes 20 optimizer steps

@@ -28,10 +28,17 @@ at::ScalarType compute_type(const at::Tensor& t) {
 
 at::Tensor heavy_tail(const at::Tensor& u) { return u.clamp_min(0) + at::reciprocal(1 - u.clamp_max(0)); }
 
-// t [B, T, H, R, N] rotated on interleaved pairs (2i, 2i+1), i < S, by phase [B, T, H, S].
-at::Tensor rotate(const at::Tensor& t, const at::Tensor& phase) {
+// t [B, T, H, R, N] rotated by phase [B, T, H, S] on the pairs of the official kernels, i < S: half-split
+// (i, i + N/2) for MIMO (TileLang), interleaved (2i, 2i+1) for SISO (Triton).
+at::Tensor rotate(const at::Tensor& t, const at::Tensor& phase, bool half_split) {
   const int64_t s = phase.size(-1), n = t.size(-1);
   auto cos = phase.cos().unsqueeze(3), sin = phase.sin().unsqueeze(3);
+  if (half_split) {
+    const int64_t half = n / 2;
+    auto u = t.narrow(-1, 0, s), v = t.narrow(-1, half, s);
+    return at::cat(
+        {u * cos - v * sin, t.narrow(-1, s, half - s), u * sin + v * cos, t.narrow(-1, half + s, n - half - s)}, -1);
+  }
   auto pairs = t.narrow(-1, 0, 2 * s).unflatten(-1, {s, 2});
   auto u = pairs.select(-1, 0), v = pairs.select(-1, 1);
   auto rotated = at::stack({u * cos - v * sin, u * sin + v * cos}, -1).flatten(-2);
@@ -144,7 +151,7 @@ Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights
   auto heads_of = [&](const at::Tensor& bc, const at::Tensor& gain, const at::Tensor& bias) {
     auto normed = at::rms_norm(bc.to(ct), {n}, gain.to(ct), w.norm_eps);
     if (g != h) normed = normed.repeat_interleave(h / g, 3);
-    return rotate(normed.permute({0, 1, 3, 2, 4}) + bias.to(ct), phase);
+    return rotate(normed.permute({0, 1, 3, 2, 4}) + bias.to(ct), phase, w.mimo_x.defined());
   };
   out.q = heads_of(p.c, w.c_norm, w.c_bias);
   out.k = heads_of(p.b, w.b_norm, w.b_bias);

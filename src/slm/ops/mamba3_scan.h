@@ -9,9 +9,9 @@
 //   y_{t,r} = S_t q̃_{t,r} + D_h v_{t,r}
 //   α = exp(a), a = AΔ;  γ = λΔ;  β = εα, ε = (1-λ)Δ;  v_{t,r} = x_t ⊙ mimo_x[h,r] (SISO: v = x).
 //
-// Rotary pairing: interleaved pairs (2i, 2i+1) of the N state coordinates for i < S, in SISO and MIMO
-// alike (the official MIMO kernel pairs (i, i+N/2); the two differ by a fixed permutation of the B/C
-// columns, so our checkpoints are self-consistent but not interchangeable with that kernel's).
+// Rotary pairing, i < S, as the official kernels pair the N state coordinates: SISO interleaved (2i, 2i+1)
+// (Triton), MIMO (mimo_x defined) half-split (i, i + N/2) (TileLang). The two differ by a fixed permutation of
+// the B/C columns, so each layer kind matches its kernel's checkpoints only with its own pairing.
 //
 // All arithmetic runs in float64 when the inputs are float64 and in float32 otherwise (the decay sums,
 // phases and state never drop below float32).

@@ -106,7 +106,7 @@ struct MhcConfig {
   bool enabled = false;
   int streams = 4;
   LayerSet layers;  // layers with learned (dynamic) mixing; the rest use the fixed plain-residual mix
-  int sinkhorn_iters = 5;
+  int sinkhorn_iters = 20;  // the paper's t_max; docs/recipes.md has the row/column errors it leaves
   double temperature = 1.0;
   double epsilon = 1e-6;
   double blend_alpha = 1.0;

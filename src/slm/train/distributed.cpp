@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "slm/train/muon.h"
 #include "slm/util/error.h"
@@ -300,7 +301,7 @@ void DataParallel::arm() {
   s.armed = true;
 }
 
-DataParallel::Reduced DataParallel::finish(double local_loss) {
+DataParallel::Reduced DataParallel::finish(double local_loss, const std::vector<torch::Tensor>& apart) {
   auto& s = *impl_;
   torch::NoGradGuard no_grad;
   const size_t n = s.opt->num_params();
@@ -332,7 +333,9 @@ DataParallel::Reduced DataParallel::finish(double local_loss) {
   auto a = info.accessor<double, 1>();
   const double inv = 1.0 / world_;
 
-  std::vector<torch::Tensor> shared, owned;  // the averaged gradients, for the norm
+  std::set<const void*> apart_set;
+  for (const auto& p : apart) apart_set.insert(p.unsafeGetTensorImpl());
+  std::vector<torch::Tensor> shared, shared_apart, owned;  // the averaged gradients, for the norms
   for (auto& b : s.buckets) {
     if (!b.muon) {
       for (size_t k = 0; k < b.params.size(); ++k) {
@@ -343,7 +346,8 @@ DataParallel::Reduced DataParallel::finish(double local_loss) {
           continue;
         }
         p.mutable_grad() = b.flat.narrow(0, b.offset[k], p.numel()).view(p.sizes()).mul(inv).to(p.device());
-        shared.push_back(b.flat.narrow(0, b.offset[k], p.numel()));
+        (apart_set.count(p.unsafeGetTensorImpl()) ? shared_apart : shared)
+            .push_back(b.flat.narrow(0, b.offset[k], p.numel()));
       }
       continue;
     }
@@ -367,12 +371,13 @@ DataParallel::Reduced DataParallel::finish(double local_loss) {
     if (ts.empty()) return torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
     return torch::stack(at::_foreach_norm(ts)).to(torch::kDouble).pow(2).sum();
   };
-  auto sq = ((sum_sq(owned) + sum_sq(shared) * inv) * (inv * inv)).reshape({1});
+  auto sq = at::stack({sum_sq(owned) + sum_sq(shared) * inv, sum_sq(shared_apart) * inv}) * (inv * inv);
   {
     std::vector<at::Tensor> v{sq};
     s.pg->allreduce(v)->wait();
   }
-  return {a[static_cast<int64_t>(n)] * inv, sq.item<double>()};
+  sq = sq.cpu();
+  return {a[static_cast<int64_t>(n)] * inv, sq[0].item<double>(), sq[1].item<double>()};
 }
 
 void DataParallel::gather_muon_weights() {

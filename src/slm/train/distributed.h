@@ -53,11 +53,13 @@ class DataParallel {
   void arm();
   struct Reduced {
     double loss;     // mean of the ranks' losses
-    double grad_sq;  // squared global gradient norm of the averaged gradients
+    double grad_sq;  // squared norm of the averaged gradients, `apart` excluded
+    double indexer_grad_sq;  // the same over `apart`
   };
   // After the backward: launches what is left, waits, and leaves the averaged gradient in .grad of every AdamW
   // parameter and of the Muon matrices this rank owns (parameters no rank had a gradient for stay undefined).
-  Reduced finish(double local_loss);
+  // apart: AdamW parameters normed on their own (the DSA indexers, which trainer.h clips apart from the LM).
+  Reduced finish(double local_loss, const std::vector<torch::Tensor>& apart = {});
   // After Optimizer::step(m, shard()): every rank receives the Muon matrices the others updated.
   void gather_muon_weights();
   // Before a checkpoint: every rank receives the owners' Muon momentum.

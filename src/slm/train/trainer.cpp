@@ -468,6 +468,41 @@ std::map<std::string, std::pair<double, double>> Trainer::evaluate() {
   return out;
 }
 
+ClipGroups clip_groups(const model::HybridLM& model) {
+  ClipGroups g;
+  g.indexer = model.indexer_parameters();
+  std::set<const void*> indexer;
+  for (const auto& p : g.indexer) indexer.insert(p.unsafeGetTensorImpl());
+  for (const auto& p : model.parameters())
+    if (!indexer.count(p.unsafeGetTensorImpl())) g.lm.push_back(p);
+  return g;
+}
+
+GradNorms grad_norms(const ClipGroups& groups) {
+  torch::NoGradGuard no_grad;
+  auto sum_sq = [](const std::vector<torch::Tensor>& ps) {
+    torch::Tensor sq;
+    for (const auto& p : ps)
+      if (p.grad().defined()) {
+        auto s = p.grad().to(torch::kDouble).pow(2).sum();
+        sq = sq.defined() ? sq + s.to(sq.device()) : s;
+      }
+    return sq.defined() ? sq.cpu() : torch::zeros({}, torch::kDouble);
+  };
+  return {std::sqrt(sum_sq(groups.lm).item<double>()), std::sqrt(sum_sq(groups.indexer).item<double>())};
+}
+
+void clip_gradients(const ClipGroups& groups, const GradNorms& norms, double max_norm) {
+  torch::NoGradGuard no_grad;
+  auto clip = [max_norm](const std::vector<torch::Tensor>& ps, double norm) {
+    if (max_norm <= 0 || !std::isfinite(norm) || norm <= max_norm) return;
+    for (const auto& p : ps)
+      if (p.grad().defined()) p.grad().mul_(max_norm / (norm + 1e-6));
+  };
+  clip(groups.lm, norms.lm);
+  clip(groups.indexer, norms.indexer);
+}
+
 // DeepSeek's indexer warm-up: the main attention stays dense and only the indexers train (their KL to the
 // attention distribution); afterwards everything trains and attention reads the selected keys.
 void Trainer::set_dsa_warmup(bool on) {
@@ -494,7 +529,7 @@ int64_t Trainer::run(const std::atomic<bool>* stop, int64_t until) {
 int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
   auto& m = *s_->model;
   auto& opt = *s_->optimizer;
-  const std::vector<torch::Tensor> params = m.parameters();
+  const ClipGroups clip = clip_groups(m);
   const bool tty = ::isatty(STDERR_FILENO) && log_ == &std::cerr;
   const int64_t start_step = step_;
   const int64_t print_every = std::max<int64_t>(1, total_steps_ / 50);
@@ -566,24 +601,16 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
       (total / static_cast<double>(cfg_.accum)).backward();
       loss += main.item<double>() / static_cast<double>(cfg_.accum);
     }
-    double gnorm = 0;
-    {
-      torch::NoGradGuard no_grad;
-      if (dist) {
-        const auto r = dist->finish(loss);
-        loss = r.loss;
-        gnorm = std::sqrt(r.grad_sq);
-      } else {
-        auto sq = torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s_->device));
-        for (auto& p : params)
-          if (p.grad().defined()) sq += p.grad().to(torch::kDouble).pow(2).sum();
-        gnorm = std::sqrt(sq.item<double>());
-      }
-      if (cfg_.grad_clip > 0 && std::isfinite(gnorm) && gnorm > cfg_.grad_clip)
-        for (auto& p : params)
-          if (p.grad().defined()) p.grad().mul_(cfg_.grad_clip / (gnorm + 1e-6));
+    GradNorms norms;
+    if (dist) {
+      const auto r = dist->finish(loss, clip.indexer);
+      loss = r.loss;
+      norms = {std::sqrt(r.grad_sq), std::sqrt(r.indexer_grad_sq)};
+    } else {
+      norms = grad_norms(clip);
     }
-    const bool finite = std::isfinite(loss) && std::isfinite(gnorm);
+    clip_gradients(clip, norms, cfg_.grad_clip);
+    const bool finite = std::isfinite(loss) && std::isfinite(norms.lm) && std::isfinite(norms.indexer);
     if (finite) {
       if (dist) {
         opt.step(mult, dist->shard());
@@ -615,9 +642,10 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
                           {"loss", loss},
                           {"lr", mult * cfg_.optim.matrix_lr},
                           {"lr_multiplier", mult},
-                          {"grad_norm", gnorm},
+                          {"grad_norm", norms.lm},
                           {"tokens", s_->tokens_seen},
                           {"tokens_per_s", tps}};
+      if (!clip.indexer.empty()) j["indexer_grad_norm"] = norms.indexer;
       if (mfu > 0) j["mfu"] = mfu;
 #ifdef SLM_WITH_CUDA
       if (s_->device.is_cuda()) {  // what the step needed at most, for the memory budget of larger runs
@@ -630,8 +658,9 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
     }
     if (!finite) {
       if (tty) *log_ << "\n";
-      *log_ << "step " << step_ << ": non-finite " << (std::isfinite(loss) ? "gradient norm" : "loss")
-            << " (loss " << loss << ", grad norm " << gnorm << "); step skipped (" << bad << " in a row)\n";
+      *log_ << "step " << step_ << ": non-finite " << (std::isfinite(loss) ? "gradient norm" : "loss") << " (loss "
+            << loss << ", grad norm " << norms.lm << ", indexer grad norm " << norms.indexer << "); step skipped ("
+            << bad << " in a row)\n";
       if (bad >= cfg_.max_bad_steps)
         throw Error("stopping: " + std::to_string(bad) + " consecutive steps with a non-finite loss or gradient (last at step " +
                     std::to_string(step_) + "); the last good checkpoint is " +

@@ -31,7 +31,7 @@ struct TrainConfig {
   int64_t accum = 1;                      // micro-batches per optimizer step
   uint64_t seed = 1;
   LrSchedule lr;                          // multiplier of every group's base LR per step
-  double grad_clip = 1.0;                 // global gradient-norm clip (0: off)
+  double grad_clip = 1.0;                 // gradient-norm clip of the LM and of the DSA indexers, each (0: off)
   int max_bad_steps = 5;                  // consecutive non-finite steps before giving up
   int64_t eval_every = 100;               // validation interval in steps (0: only at the end)
   int64_t eval_batches = 4;               // validation micro-batches per domain
@@ -52,6 +52,24 @@ struct TrainConfig {
 // Where `slm train` without --out puts a run: <root>/<recipe file name without .json>, or the first of -2, -3, ...
 // appended that does not exist yet, so a second run never lands on the first.
 std::string default_run_dir(const std::string& recipe_file, const std::string& root = "out/runs");
+
+// Gradient clipping. A DSA indexer learns from its own KL objective, whose gradient reaches the indexers alone
+// (docs/architecture.md, DSA); in one global norm a large indexer gradient would shrink every LM update. The
+// trainer clips the LM parameters and the indexers apart, each group to --grad-clip, and logs both norms.
+struct ClipGroups {
+  std::vector<torch::Tensor> lm;       // every parameter but the indexers'
+  std::vector<torch::Tensor> indexer;  // model.indexer_parameters()
+};
+ClipGroups clip_groups(const model::HybridLM& model);
+
+struct GradNorms {
+  double lm = 0, indexer = 0;
+};
+// The L2 norm of each group's gradients (accumulated in float64; parameters without a gradient add nothing).
+GradNorms grad_norms(const ClipGroups& groups);
+// Scales each group's gradients by max_norm / (norm + 1e-6) when its norm (measured by the caller: grad_norms, or
+// the data-parallel reduction) is finite and above max_norm; max_norm 0 clips nothing.
+void clip_gradients(const ClipGroups& groups, const GradNorms& norms, double max_norm);
 
 // One line per logged step, also what the progress line shows.
 struct StepMetrics {

@@ -31,9 +31,12 @@ torch::Tensor blend_with(const torch::Tensor& learned, const torch::Tensor& plai
 torch::Tensor sinkhorn(const torch::Tensor& logits, int iters, double eps) {
   auto z = logits.to(at::promote_types(logits.scalar_type(), torch::kFloat));
   auto m = torch::exp(z - std::get<0>(z.flatten(-2).max(-1, true)).unsqueeze(-1));
+  // Columns first, rows last (the paper's T_r(T_c(M))): after a finite number of rounds the last normalisation
+  // is the exact one, and exact rows make every output stream a convex combination of the input streams, so
+  // no product of H_res can amplify the streams; the columns (each input's total weight) carry what is left.
   for (int i = 0; i < iters; ++i) {
-    m = m / (m.sum(-1, true) + eps);
     m = m / (m.sum(-2, true) + eps);
+    m = m / (m.sum(-1, true) + eps);
   }
   return m;
 }
@@ -64,7 +67,7 @@ MhcMixImpl::MhcMixImpl(const Recipe& r, int layer, const torch::TensorOptions& o
   for (int64_t i = 0; i < n; ++i) bias[i] = logit(i == layer % n ? (n + 1.0) / (2.0 * n) : 1.0 / (2.0 * n));
   // H_post = 2σ(0) = 1. H_res logits 0: the uniform matrix J/n, the centre of the doubly stochastic set. A
   // near-identity start (logits c·I, c ≈ 4) is a near-permutation, where Sinkhorn converges slowly: after the
-  // product's 5 iterations its rows miss 1 by ~1e-3 once the logits move by 0.01, while from the centre they
+  // default 20 iterations its columns miss 1 by ~2e-4 once the logits move by 0.01, while from the centre they
   // stay within 1e-5 for logit spreads up to ~0.1 (test_mhc measures both).
 }
 

@@ -20,8 +20,8 @@
 namespace slm::model {
 
 // Sinkhorn-Knopp projection of logits [..., n, n] (already divided by the temperature) onto the doubly
-// stochastic matrices: M = exp(logits - max), then iters × (rows to sum 1, columns to sum 1), each division
-// guarded by + eps. Computed in at least float32.
+// stochastic matrices: M = exp(logits - max), then iters × (columns to sum 1, rows to sum 1), each division
+// guarded by + eps. Rows (output streams) end exact; the columns converge with iters. Computed in at least float32.
 torch::Tensor sinkhorn(const torch::Tensor& logits, int iters, double eps);
 
 struct MhcCoefficients {
