@@ -4,12 +4,14 @@
 # autocast, batch 16 x 1024, a few steps, and the steady state (steps after the first three) is reported:
 # tokens/s, MFU (the trainer's own formula) and peak GPU memory.
 #   SHARDS=out/gpu-shards bash bench/gpu_train_variants.sh       # BUILD_DIR=build-cuda (built beforehand)
+# PROFILE=N also profiles N steps of each run (slm train --profile-steps) and prints each summary after the table.
 # Output: one table row per variant on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build-cuda}
 SHARDS=${SHARDS:-out/gpu-shards}
 STEPS=${STEPS:-12}
+PROFILE=${PROFILE:-0}
 VARIANTS=${VARIANTS:-AEMEAEMEAEMR AF AE MF RF}
 work=$(mktemp -d)
 printf '| pattern | tokens/s | MFU | peak GPU memory |\n|---|---:|---:|---:|\n'
@@ -22,17 +24,21 @@ r["pattern"] = sys.argv[1]
 json.dump(r, open(sys.argv[2], "w"))
 PY
   steps=$STEPS
-  [[ $pattern == RF ]] && steps=6  # the per-token M2RNN scan: about 6 s a step
   "$BUILD_DIR/slm" train --recipe "$work/$pattern.json" --data "$SHARDS" --out "$work/run-$pattern" --device cuda \
     --steps "$steps" --batch 16 --seq-len 1024 --warmup 2 --eval-every 0 --checkpoint-every 0 --log-every 1 \
+    --profile-steps "$PROFILE" \
     > "$work/$pattern.log" 2>&1 || { echo "| $pattern | failed: $(tail -1 "$work/$pattern.log") | | |"; continue; }
-  python3 - "$pattern" "$work/run-$pattern/metrics.jsonl" <<'PY'
+  python3 - "$pattern" "$work/run-$pattern/metrics.jsonl" "$PROFILE" <<'PY'
 import json, sys
 rows = [r for r in map(json.loads, open(sys.argv[2])) if "tokens_per_s" in r]
-steady = rows[3:] or rows
+steady = rows[3 + int(sys.argv[3]):] or rows  # after the warm-up and the profiled steps
 tps = sum(r["tokens_per_s"] for r in steady) / len(steady)
 mfu = sum(r.get("mfu", 0) for r in steady) / len(steady)
 mem = max(r.get("gpu_peak_gib", r.get("peak_gib", 0)) for r in rows)
 print(f"| {sys.argv[1]} | {tps:,.0f} | {100 * mfu:.1f}% | {mem:.1f} GiB |")
 PY
+done
+for pattern in $VARIANTS; do
+  f=$work/run-$pattern/profile/summary.txt
+  [[ -f $f ]] && { echo; echo "### $pattern"; cat "$f"; }
 done

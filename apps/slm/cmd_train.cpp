@@ -72,6 +72,7 @@ void run_train(TrainCli& o, CLI::App* sub) {
     if (given("--keep-last")) ov["keep_last"] = o.cfg.keep_last;
     if (given("--log-every")) ov["log_every"] = o.cfg.log_every;
     if (given("--max-minutes")) ov["max_minutes"] = o.cfg.max_minutes;
+    if (given("--profile-steps")) ov["profile_steps"] = o.cfg.profile_steps;
     for (const char* f : {"--recipe", "--data", "--batch", "--seq-len", "--accum", "--seed", "--optim"})
       if (given(f))
         throw Error(std::string(f) + " cannot change on --resume (the checkpoint's value is used for an exact resume)");
@@ -150,6 +151,10 @@ void add_train_command(CLI::App& app) {
   t->add_option("--peak-tflops", c.peak_tflops, "device peak for MFU (0: known from the GPU's name)")
       ->capture_default_str();
   t->add_option("--max-minutes", c.max_minutes, "stop with a checkpoint after this much wall time (0: no limit)")
+      ->capture_default_str();
+  t->add_option("--profile-steps", c.profile_steps,
+                "profile this many steps after two warm-up steps with libtorch's profiler: the top GPU kernels, "
+                "launches per step and GPU idle time are printed and written with a Chrome trace to RUN/profile/")
       ->capture_default_str();
   t->add_option("--threads", o->threads, "CPU threads (0: torch's default)")->capture_default_str();
   t->add_option("--bucket-elements", c.bucket_elements,

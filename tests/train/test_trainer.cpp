@@ -298,6 +298,30 @@ TEST(Flops, HandCountedForAttentionAndDenseLayers) {
   EXPECT_DOUBLE_EQ(f.scan, 0);
 }
 
+TEST(Flops, HandCountedForM2rnn) {
+  auto j = nlohmann::json::parse(R"({
+    "name": "f", "vocab_size": 100, "d_model": 8, "depth": 1, "pattern": "R", "seq_len": 16,
+    "m2rnn": {"heads": 2, "k_head_dim": 4, "v_head_dim": 3}
+  })");
+  auto r = parse(j);
+  // Per head and token: H W is a 4x3 by 3x3 product (36 multiply-adds), k v^T and the readout 12 each; x2 FLOPs
+  // per multiply-add, 2 heads, x3 for forward + backward.
+  EXPECT_DOUBLE_EQ(train::flops_per_token(r, make_plan(r), 16).scan, 3.0 * 2 * 2 * (36 + 12 + 12));
+}
+
+TEST_F(TrainerFixture, ProfileStepsWriteASummaryAndATrace) {
+  auto c = config("profile");
+  c.steps = 5;
+  c.eval_every = 0;
+  c.profile_steps = 2;  // steps 3 and 4, after two warm-up steps
+  train::Trainer(c, log).run();
+  const std::string summary = read_file(c.out + "/profile/summary.txt");
+  EXPECT_NE(summary.find("profile of 2 step(s)"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("aten::"), std::string::npos) << summary;
+  EXPECT_GT(read_file(c.out + "/profile/trace.json").size(), 100u);
+  EXPECT_NE(log.str().find("profile of 2 step(s)"), std::string::npos);
+}
+
 TEST_F(TrainerFixture, PlotWritesPngCurves) {
   auto c = config("plot");
   c.steps = 4;

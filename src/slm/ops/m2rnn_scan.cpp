@@ -10,6 +10,13 @@
 #include "slm/util/error.h"
 #include "slm/util/format.h"
 
+#ifdef SLM_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "slm/ops/cuda/m2rnn_scan_kernels.h"
+#endif
+
 namespace slm::ops {
 
 namespace {
@@ -112,7 +119,79 @@ class CheckpointedScan : public torch::autograd::Function<CheckpointedScan> {
   }
 };
 
+#ifdef SLM_WITH_CUDA
+cuda::M2rnnShape fused_shape(const at::Tensor& q, const at::Tensor& v, int64_t every) {
+  return {q.size(0), q.size(1), q.size(2), q.size(3), v.size(3), every};
+}
+
+const float* ptr_or_null(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr; }
+
+void check_launch(const std::string& error) {
+  if (!error.empty()) throw Error(error);
+}
+
+// The same scan as CheckpointedScan through the fused kernels of ops/cuda/m2rnn_scan_kernels.cu, in FP32.
+class FusedScan : public torch::autograd::Function<FusedScan> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& f, const at::Tensor& w, const at::Tensor& h0, const at::Tensor& keep,
+                               double clip, int64_t every) {
+    const c10::cuda::CUDAGuard guard(q.device());
+    const auto s = fused_shape(q, v, every);
+    const int64_t stretches = (s.tokens + every - 1) / every;
+    // Inside forward grad mode is off, but the inputs still say whether a backward can follow.
+    const bool training = q.requires_grad() || k.requires_grad() || v.requires_grad() || f.requires_grad() ||
+                          w.requires_grad() || h0.requires_grad();
+    auto y = at::empty({s.batch, s.tokens, s.heads, s.v_dim}, q.options());
+    auto h_last = at::empty_like(h0);
+    auto cps = training ? at::empty({stretches, s.batch, s.heads, s.k_dim, s.v_dim}, q.options()) : at::Tensor();
+    check_launch(cuda::m2rnn_forward(s, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                     f.data_ptr<float>(), ptr_or_null(keep), w.data_ptr<float>(), h0.data_ptr<float>(),
+                                     y.data_ptr<float>(), h_last.data_ptr<float>(),
+                                     training ? cps.data_ptr<float>() : nullptr,
+                                     c10::cuda::getCurrentCUDAStream(q.device().index()).stream()));
+    if (training) ctx->save_for_backward({q, k, v, f, w, cps, keep});
+    ctx->saved_data["clip"] = clip;
+    ctx->saved_data["every"] = every;
+    return {y, h_last};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &f = saved[3], &w = saved[4], &cps = saved[5];
+    const auto& keep = saved[6];
+    const c10::cuda::CUDAGuard guard(q.device());
+    const auto s = fused_shape(q, v, ctx->saved_data["every"].toInt());
+    const auto dy = grads[0].defined() ? grads[0].to(at::kFloat).contiguous() : at::Tensor();
+    const auto dh_last = grads[1].defined() ? grads[1].to(at::kFloat).contiguous() : at::Tensor();
+    auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v), df = at::empty_like(f);
+    auto dw = at::zeros_like(w), dh0 = at::empty({s.batch, s.heads, s.k_dim, s.v_dim}, q.options());
+    auto scratch = at::empty({s.batch, s.heads, s.every + 1, s.k_dim, s.v_dim}, q.options());
+    check_launch(cuda::m2rnn_backward(s, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                                      f.data_ptr<float>(), ptr_or_null(keep), w.data_ptr<float>(), cps.data_ptr<float>(),
+                                      ptr_or_null(dy), ptr_or_null(dh_last),
+                                      static_cast<float>(ctx->saved_data["clip"].toDouble()), scratch.data_ptr<float>(),
+                                      dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(),
+                                      df.data_ptr<float>(), dw.data_ptr<float>(), dh0.data_ptr<float>(),
+                                      c10::cuda::getCurrentCUDAStream(q.device().index()).stream()));
+    return {dq, dk, dv, df, dw, dh0, {}, {}, {}};
+  }
+};
+#endif
+
 }  // namespace
+
+bool m2rnn_fused(const at::Tensor& q, const at::Tensor& v, const at::Tensor& w, int64_t checkpoint_every) {
+#ifdef SLM_WITH_CUDA
+  if (!q.is_cuda() || q.dim() != 4 || v.dim() != 4) return false;
+  if (q.scalar_type() == at::kDouble || w.scalar_type() == at::kDouble) return false;
+  if (!cuda::m2rnn_supported(q.size(3), v.size(3)) || checkpoint_every < 1) return false;
+  return cuda::m2rnn_backward_smem(fused_shape(q, v, checkpoint_every)) <= 227 * 1024;
+#else
+  (void)q, (void)v, (void)w, (void)checkpoint_every;
+  return false;
+#endif
+}
 
 std::pair<at::Tensor, at::Tensor> m2rnn_scan(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const at::Tensor& f, const at::Tensor& w, const at::Tensor& d,
@@ -137,9 +216,22 @@ std::pair<at::Tensor, at::Tensor> m2rnn_scan(const at::Tensor& q, const at::Tens
   at::autocast::set_autocast_enabled(at::kCUDA, false);
   std::vector<at::Tensor> out;
   try {
-    auto keep = reset.defined() ? reset.logical_not().to(dt) : at::empty({0}, q.options().dtype(dt));
-    out = CheckpointedScan::apply(q.to(dt), k.to(dt), v.to(dt), f.to(dt), w.to(dt), h0.to(dt), keep, grad_clip,
-                                  checkpoint_every);
+#ifdef SLM_WITH_CUDA
+    if (m2rnn_fused(q, v, w, checkpoint_every)) {
+      // The kernels compute in FP32 whatever the inputs are; the result goes back to the reference's type.
+      auto fp32 = [](const at::Tensor& x) { return x.to(at::kFloat).contiguous(); };
+      auto keep = reset.defined() ? fp32(reset.logical_not()) : at::empty({0}, q.options().dtype(at::kFloat));
+      out = FusedScan::apply(fp32(q), fp32(k), fp32(v), fp32(f), fp32(w), fp32(h0), keep, grad_clip,
+                             checkpoint_every);
+      out[0] = out[0].to(dt);
+      out[1] = out[1].to(dt);
+    }
+#endif
+    if (out.empty()) {
+      auto keep = reset.defined() ? reset.logical_not().to(dt) : at::empty({0}, q.options().dtype(dt));
+      out = CheckpointedScan::apply(q.to(dt), k.to(dt), v.to(dt), f.to(dt), w.to(dt), h0.to(dt), keep, grad_clip,
+                                    checkpoint_every);
+    }
   } catch (...) {
     at::autocast::set_autocast_enabled(at::kCUDA, autocast);
     throw;

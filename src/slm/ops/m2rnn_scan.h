@@ -23,6 +23,11 @@ std::pair<at::Tensor, at::Tensor> m2rnn_scan(const at::Tensor& q, const at::Tens
                                              const at::Tensor& h0, double grad_clip, int64_t checkpoint_every,
                                              const at::Tensor& reset = {});
 
+// Whether m2rnn_scan runs these inputs through the fused CUDA kernels (ops/cuda/m2rnn_scan_kernels.cu): a CUDA
+// build, CUDA inputs in FP32 or BF16 (FP64 stays on the reference) and a state shape the kernels are compiled for.
+// Otherwise the scan is the libtorch loop above, the reference the kernels are tested against.
+bool m2rnn_fused(const at::Tensor& q, const at::Tensor& v, const at::Tensor& w, int64_t checkpoint_every);
+
 // One decode step: q, k [B, Nh, K], v [B, Nh, V], f [B, Nh]; returns y [B, Nh, V] and the new H.
 std::pair<at::Tensor, at::Tensor> m2rnn_step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const at::Tensor& f, const at::Tensor& w, const at::Tensor& d,

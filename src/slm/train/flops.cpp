@@ -39,8 +39,10 @@ double scan_forward(const Recipe& r, const LayerPlan& l) {
     return 2.0 * 2.0 * m.heads * m.headdim * m.d_state * m.rank();
   }
   if (l.family == Family::M2RNN) {
+    // Per head, H W (K×V by V×V: 2KV² FLOPs) and the k vᵀ update (2KV), then the readout Hᵀq (2KV).
     const auto& m = *r.m2rnn;
-    return 2.0 * 2.0 * m.heads * (static_cast<double>(m.k_head_dim) * m.v_head_dim + m.v_head_dim * m.v_head_dim);
+    const double kv = static_cast<double>(m.k_head_dim) * m.v_head_dim;
+    return 2.0 * m.heads * kv * (m.v_head_dim + 2.0);
   }
   return 0.0;
 }

@@ -6,7 +6,7 @@
 //                                         over a causal sequence of T being (T + 1) / 2, capped by the window and, on
 //                                         DSA layers, by the selected keys (plus the indexer's scores)
 // + 3 x scan forward FLOPs               Mamba-3: 2 x 2 x heads x headdim x d_state x rank (state update and readout);
-//                                         M2RNN: 2 x 2 x heads x (k x v + v x v)
+//                                         M2RNN: 2 x heads x k x v x (v + 2) (H W, the k v^T update, the readout)
 // MTP modules count like main layers (they are trained). Engram tables are gathers (0 FLOPs); their projections count.
 #include <cstdint>
 

@@ -30,6 +30,7 @@
 #include "slm/train/evaluate.h"
 #include "slm/train/flops.h"
 #include "slm/train/memory.h"
+#include "slm/train/profile.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 
@@ -150,6 +151,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"peak_tflops", peak_tflops},
           {"max_minutes", max_minutes},
           {"bucket_elements", bucket_elements},
+          {"profile_steps", profile_steps},
           {"optim", optim.to_json()}};
 }
 
@@ -181,6 +183,7 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
     c.peak_tflops = j.at("peak_tflops").get<double>();
     c.max_minutes = j.at("max_minutes").get<double>();
     c.bucket_elements = j.value("bucket_elements", c.bucket_elements);
+    c.profile_steps = j.value("profile_steps", c.profile_steps);
     c.optim = OptimizerConfig::from_json(j.at("optim"));
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training configuration: ") + e.what());
@@ -373,7 +376,8 @@ Trainer Trainer::resume(const std::string& dir, const nlohmann::json& overrides,
   const std::string where = ck.meta.value("checkpoint_dir", dir);
   nlohmann::json cj;
   try {
-    cj = ck.meta.at("config");
+    // Through TrainConfig once, so that a run saved before a setting existed takes its default (and its override).
+    cj = TrainConfig::from_json(ck.meta.at("config")).to_json();
     for (const auto& [k, v] : overrides.items()) {
       if (!cj.contains(k)) throw Error("resume: unknown override '" + k + "'");
       cj[k] = v;
@@ -560,7 +564,12 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
   DataParallel* dist = s_->dist.get();
   const int64_t rows = cfg_.batch / (dist ? dist->world_size() : 1);  // this rank's slice of the global batch
   const int64_t row0 = dist ? dist->rank() * rows : 0;
+  // The profiled stretch starts after two steps (allocator, kernel and autotuning caches warm) and ends with the
+  // step's metrics; rank 0 writes it.
+  const int64_t profile_from = start_step + 2, profile_to = profile_from + cfg_.profile_steps;
+  Profiler profiler;
   while (step_ < total_steps_) {
+    if (cfg_.profile_steps > 0 && step_ == profile_from) profiler.start(s_->device.is_cuda());
     const bool out_of_time = cfg_.max_minutes > 0 && now_s(t_run) > 60 * cfg_.max_minutes;
     bool halt = (stop && stop->load()) || step_ == until || out_of_time;
     if (dist) halt = dist->any(halt);  // every rank stops at the same step
@@ -666,6 +675,17 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
                     std::to_string(step_) + "); the last good checkpoint is " +
                     (s_->last_checkpoint.empty() ? std::string("(none)") : s_->last_checkpoint) +
                     ". Lower the learning rate or check the data.");
+    }
+    if (profiler.running() && (step_ == profile_to || step_ == total_steps_)) {
+      const std::string dir = cfg_.out + "/profile";
+      make_dirs(dir);
+      const bool writer = !dist || dist->rank() == 0;
+      auto summary = profiler.stop(step_ - profile_from, writer ? dir + "/trace.json" : "");
+      if (writer) {
+        write_file_atomic(dir + "/summary.txt", summary.text(25));
+        if (tty) *log_ << "\r\033[K";
+        *log_ << summary.text() << "(Chrome trace and the full table in " << dir << ")\n";
+      }
     }
     char line[256], mfu_text[32] = "";
     if (mfu > 0) std::snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", 100 * mfu);

@@ -43,6 +43,7 @@ struct TrainConfig {
   double peak_tflops = 0;                 // device peak for MFU (0: from the device name on CUDA)
   double max_minutes = 0;                 // stop (with a checkpoint) after this much wall time in one run (0: no limit)
   int64_t bucket_elements = int64_t{1} << 23;  // data-parallel gradient bucket (float32 elements; distributed.h)
+  int64_t profile_steps = 0;              // profile this many steps after two warm-up steps (profile.h; 0: off)
   OptimizerConfig optim;
 
   nlohmann::json to_json() const;
