@@ -121,3 +121,25 @@ TEST(GradClip, AHugeIndexerGradientLeavesTheLmGradientsAsTheyAre) {
   after = gradients(m);
   for (const auto& [name, g] : huge) EXPECT_TRUE(torch::equal(after.at(name), g)) << name;
 }
+
+// On CUDA the norms come from one multi-tensor launch (FP32 per tensor, summed in float64) and the clip scales with
+// one: both against a float64 sum on the host.
+TEST(GradClip, CudaNormsAndClipMatchAFloat64Sum) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(54);
+  train::ClipGroups groups;
+  double sq = 0;
+  for (int64_t n : {3, 1000, 70000}) {
+    auto p = torch::zeros({n}, torch::TensorOptions().device(torch::kCUDA)).requires_grad_();
+    p.mutable_grad() = torch::randn({n}, p.options());
+    sq += p.grad().to(torch::kCPU, torch::kDouble).pow(2).sum().item<double>();
+    groups.lm.push_back(p);
+  }
+  const auto norms = train::grad_norms(groups);
+  EXPECT_NEAR(norms.lm, std::sqrt(sq), 1e-6 * std::sqrt(sq));
+  EXPECT_EQ(norms.indexer, 0.0);
+  train::clip_gradients(groups, norms, 1.0);
+  double after = 0;
+  for (const auto& p : groups.lm) after += p.grad().to(torch::kCPU, torch::kDouble).pow(2).sum().item<double>();
+  EXPECT_NEAR(std::sqrt(after), 1.0, 1e-5);
+}

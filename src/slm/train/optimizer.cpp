@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -284,29 +285,50 @@ void Optimizer::step(double lr_multiplier, const MuonShard& shard) {
   for (const auto& g : groups_) {
     const double lr = g.lr * lr_multiplier * g.scale;
     if (g.scale == 0) continue;  // frozen: no state moves either
+    std::vector<Param*> adamw;
     for (size_t pi : g.params) {
       Param& p = params_[pi];
       if (!p.value.grad().defined()) continue;
       if (g.algorithm == Algorithm::Muon)
         muon_momentum(p, g, lr, mu, owned[pi], batches);
       else
-        adamw_step(p, g, lr);
+        adamw.push_back(&p);
     }
+    adamw_steps(adamw, g, lr);
   }
   muon_apply(batches);
   ++steps_;
 }
 
-void Optimizer::adamw_step(Param& p, const ParamGroup& g, double lr) {
-  const torch::Tensor grad = p.value.grad().to(p.exp_avg.scalar_type());
-  p.step.add_(1);
-  const auto t = static_cast<double>(p.step.item<int64_t>());
-  const double bias1 = 1.0 - std::pow(g.beta1, t), bias2 = 1.0 - std::pow(g.beta2, t);
-  if (g.weight_decay != 0) p.value.mul_(1.0 - lr * g.weight_decay);
-  p.exp_avg.mul_(g.beta1).add_(grad, 1.0 - g.beta1);
-  p.exp_avg_sq.mul_(g.beta2).addcmul_(grad, grad, 1.0 - g.beta2);
-  const auto denom = (p.exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(cfg_.adam_eps);
-  p.value.addcdiv_(p.exp_avg, denom, -lr / bias1);
+void Optimizer::adamw_steps(const std::vector<Param*>& ps, const ParamGroup& g, double lr) {
+  // One multi-tensor (_foreach) launch per operation for all of a group's parameters at the same step count (which
+  // share their bias corrections; normally the whole group): per parameter, each of the eight operations was its
+  // own kernel launch, and on a GPU the launches, not the arithmetic, were the cost.
+  std::map<int64_t, std::vector<Param*>> by_step;
+  for (Param* p : ps) {
+    p->step.add_(1);  // a host tensor: reading it back costs no device synchronisation
+    by_step[p->step.item<int64_t>()].push_back(p);
+  }
+  for (const auto& [step, list] : by_step) {
+    std::vector<torch::Tensor> values, grads, m, v;
+    for (Param* p : list) {
+      values.push_back(p->value);
+      grads.push_back(p->value.grad().to(p->exp_avg.scalar_type()));
+      m.push_back(p->exp_avg);
+      v.push_back(p->exp_avg_sq);
+    }
+    const auto t = static_cast<double>(step);
+    const double bias1 = 1.0 - std::pow(g.beta1, t), bias2 = 1.0 - std::pow(g.beta2, t);
+    if (g.weight_decay != 0) at::_foreach_mul_(values, 1.0 - lr * g.weight_decay);
+    at::_foreach_mul_(m, g.beta1);
+    at::_foreach_add_(m, grads, 1.0 - g.beta1);
+    at::_foreach_mul_(v, g.beta2);
+    at::_foreach_addcmul_(v, grads, grads, 1.0 - g.beta2);
+    auto denom = at::_foreach_sqrt(v);
+    at::_foreach_div_(denom, std::sqrt(bias2));
+    at::_foreach_add_(denom, cfg_.adam_eps);
+    at::_foreach_addcdiv_(values, m, denom, -lr / bias1);
+  }
 }
 
 void Optimizer::muon_momentum(Param& p, const ParamGroup& g, double lr, double mu, const std::vector<int64_t>& owned,

@@ -166,7 +166,7 @@ class Optimizer {
     torch::Tensor exp_avg, exp_avg_sq;  // AdamW
     torch::Tensor step;                 // AdamW: int64 scalar, per parameter
   };
-  void adamw_step(Param& p, const ParamGroup& g, double lr);
+  void adamw_steps(const std::vector<Param*>& ps, const ParamGroup& g, double lr);
   // Muon in two passes: momentum of every owned matrix first, then NS and the weight update on stacks of
   // same-shape matrices (keyed by [rows, cols], in that order: deterministic).
   struct MuonRun {

@@ -482,26 +482,44 @@ ClipGroups clip_groups(const model::HybridLM& model) {
   return g;
 }
 
+namespace {
+
+std::vector<torch::Tensor> defined_grads(const std::vector<torch::Tensor>& ps) {
+  std::vector<torch::Tensor> g;
+  for (const auto& p : ps)
+    if (p.grad().defined()) g.push_back(p.grad());
+  return g;
+}
+
+}  // namespace
+
 GradNorms grad_norms(const ClipGroups& groups) {
   torch::NoGradGuard no_grad;
   auto sum_sq = [](const std::vector<torch::Tensor>& ps) {
+    const auto grads = defined_grads(ps);
+    if (grads.empty()) return 0.0;
+    if (grads.front().is_cuda()) {
+      // One multi-tensor launch for the per-tensor norms (in the gradients' FP32), squared and summed in float64:
+      // a chain of per-tensor kernels here cost hundreds of launches per step.
+      auto norms = at::stack(at::_foreach_norm(grads, 2)).to(torch::kDouble);
+      return norms.pow(2).sum().item<double>();
+    }
     torch::Tensor sq;
-    for (const auto& p : ps)
-      if (p.grad().defined()) {
-        auto s = p.grad().to(torch::kDouble).pow(2).sum();
-        sq = sq.defined() ? sq + s.to(sq.device()) : s;
-      }
-    return sq.defined() ? sq.cpu() : torch::zeros({}, torch::kDouble);
+    for (const auto& g : grads) {
+      auto s = g.to(torch::kDouble).pow(2).sum();
+      sq = sq.defined() ? sq + s : s;
+    }
+    return sq.item<double>();
   };
-  return {std::sqrt(sum_sq(groups.lm).item<double>()), std::sqrt(sum_sq(groups.indexer).item<double>())};
+  return {std::sqrt(sum_sq(groups.lm)), std::sqrt(sum_sq(groups.indexer))};
 }
 
 void clip_gradients(const ClipGroups& groups, const GradNorms& norms, double max_norm) {
   torch::NoGradGuard no_grad;
   auto clip = [max_norm](const std::vector<torch::Tensor>& ps, double norm) {
     if (max_norm <= 0 || !std::isfinite(norm) || norm <= max_norm) return;
-    for (const auto& p : ps)
-      if (p.grad().defined()) p.grad().mul_(max_norm / (norm + 1e-6));
+    auto grads = defined_grads(ps);
+    if (!grads.empty()) at::_foreach_mul_(grads, max_norm / (norm + 1e-6));
   };
   clip(groups.lm, norms.lm);
   clip(groups.indexer, norms.indexer);
