@@ -1,4 +1,5 @@
-// slm eval: held-out loss and bits per byte per domain of a training checkpoint or an NVFP4 checkpoint.
+// slm eval: held-out loss and bits per byte per domain of a training checkpoint or an NVFP4 checkpoint; its
+// subcommands hold the other evaluations (humaneval: cmd_eval_humaneval.cpp).
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -7,6 +8,7 @@
 
 #include "commands.h"
 #include "slm/train/evaluate.h"
+#include "slm/util/error.h"
 
 namespace slm::cli {
 
@@ -66,6 +68,8 @@ void print_scores(const train::CheckpointEval& req, const train::CheckpointScore
 
 }  // namespace
 
+void add_eval_humaneval_command(CLI::App* eval);  // cmd_eval_humaneval.cpp
+
 void add_eval_command(CLI::App& app) {
   auto o = std::make_shared<EvalCli>();
   auto& q = o->req;
@@ -74,8 +78,7 @@ void add_eval_command(CLI::App& app) {
                                "checkpoint (slm quantize)");
   e->add_option("--checkpoint", q.checkpoint,
                 "training checkpoint (ckpt-NNNNNNNN), run directory (its latest), or weights file (.safetensors, "
-                "NVFP4 or dense)")
-      ->required();
+                "NVFP4 or dense); required without a subcommand");
   e->add_option("--recipe", q.recipe, "recipe file (required for a weights file; a training checkpoint has its own)");
   e->add_option("--data", q.data, "shard directory: <domain>/<split>-NNNNN.slmtok or plain <prefix>-NNNNN.slmtok (default: the run's)");
   e->add_option("--split", q.split, "validation or test")->capture_default_str();
@@ -90,7 +93,11 @@ void add_eval_command(CLI::App& app) {
   e->add_option("--threads", o->threads, "CPU threads (0: torch's default)")->capture_default_str();
   e->add_flag("--bf16", q.bf16, "compute under BF16 autocast (as training on a GPU does); weights as loaded");
   e->add_flag("--json", o->json, "print JSON");
-  e->callback([o] {
+  add_eval_humaneval_command(e);
+  e->require_subcommand(0, 1);
+  e->callback([o, e] {
+    if (!e->get_subcommands().empty()) return;  // a subcommand ran instead
+    if (o->req.checkpoint.empty()) throw Error("slm eval: --checkpoint is required (or a subcommand: humaneval)");
     if (o->threads > 0) torch::set_num_threads(o->threads);
     print_scores(o->req, train::evaluate_checkpoint(o->req), o->json);
   });

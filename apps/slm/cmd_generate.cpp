@@ -33,26 +33,13 @@ struct GenerateOptions {
   bool stop_at_eos = false;
 };
 
-// The tokenizer a training checkpoint was trained with (train::run_tokenizer of the run configuration in the
-// meta.json beside the weights); "" when unknown or "none" (then the byte tokenizer).
-std::string checkpoint_tokenizer(const std::string& checkpoint) {
-  const std::string weights = model::weights_path(checkpoint);
-  const std::string meta_path = weights.substr(0, weights.find_last_of('/') + 1) + "meta.json";
-  if (weights.find('/') == std::string::npos || ::access(meta_path.c_str(), R_OK) != 0) return "";
-  auto meta = nlohmann::json::parse(read_file(meta_path), nullptr, /*allow_exceptions=*/false);
-  if (!meta.is_object() || !meta.contains("config") || !meta["config"].is_object()) return "";
-  const auto& cfg = meta["config"];
-  const std::string tokenizer = train::run_tokenizer(cfg, cfg.value("data", ""), "train");
-  return tokenizer == "none" ? "" : tokenizer;
-}
-
 void run_generate(GenerateOptions o) {
   Recipe r = load_recipe(o.recipe);
   if (!o.checkpoint.empty())  // a run directory means its latest checkpoint
     if (auto latest = train::latest_checkpoint(o.checkpoint); !latest.empty()) o.checkpoint = latest;
   if (o.max_tokens < 1) throw Error("--max-tokens must be at least 1");
   std::string tokenizer = o.tokenizer;
-  if (tokenizer.empty() && !o.checkpoint.empty()) tokenizer = checkpoint_tokenizer(o.checkpoint);
+  if (tokenizer.empty() && !o.checkpoint.empty()) tokenizer = train::checkpoint_tokenizer(o.checkpoint);
   const bool bytes = tokenizer.empty() || tokenizer == "byte";
   if (bytes && r.vocab_size < data::ByteTokenizer::kVocabSize)
     throw Error(o.recipe + ": vocab_size " + std::to_string(r.vocab_size) + " is smaller than the byte tokenizer's " +
@@ -79,17 +66,9 @@ void run_generate(GenerateOptions o) {
     auto tok = data::Tokenizer::load(tokenizer);
     ids = model::generate_text(m, tok, o.prompt, go, [](const std::string& t) { std::cout << t << std::flush; });
   } else {
-    // Only byte ids and EOS are valid outputs: BOS, PAD and ids past the tokenizer never are.
     data::ByteTokenizer tok;
-    go.banned = torch::ones({r.vocab_size}, torch::kBool);
-    go.banned.narrow(0, 0, 256).fill_(false);
-    go.banned[data::ByteTokenizer::kEos] = false;
-    if (o.stop_at_eos) go.stop_id = data::ByteTokenizer::kEos;
-    auto prompt = tok.encode(o.prompt, /*add_bos=*/true);
-    ids = model::generate(m, std::vector<int64_t>(prompt.begin(), prompt.end()), go, [&](int64_t id) {
-      std::cout << tok.display(id) << std::flush;
-      return true;
-    });
+    ids = model::generate_byte_text(m, o.prompt, go, o.stop_at_eos,
+                                    [&](int64_t id) { std::cout << tok.display(id) << std::flush; });
   }
   std::cout << "\n";
   std::cerr << "slm: generated " << ids.size() << " tokens:";

@@ -2,9 +2,25 @@
 
 #include <limits>
 
+#include "slm/data/byte_tokenizer.h"
 #include "slm/util/error.h"
 
 namespace slm::model {
+
+namespace {
+
+// Whether text, which grew by `added` bytes since the last call, now holds a stop text (only the part a new
+// occurrence can overlap is searched).
+bool reached_stop(const std::string& text, size_t added, const std::vector<std::string>& stops) {
+  for (const auto& s : stops) {
+    if (s.empty()) continue;
+    const size_t from = text.size() - std::min(text.size(), added + s.size() - 1);
+    if (text.find(s, from) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& prompt, const GenerationOptions& o,
                               const std::function<bool(int64_t)>& on_token) {
@@ -49,13 +65,35 @@ std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tok, 
       o.banned[id] = true;
   o.stop_id = tok.eos_id();
   std::vector<uint32_t> pending;
+  std::string generated;
   return generate(model, ids, o, [&](int64_t id) {
     pending.push_back(static_cast<uint32_t>(id));
     std::string text = tok.decode(pending);
     if (!text.empty() && (static_cast<unsigned char>(text.back()) & 0xC0) == 0x80) return true;  // mid-character
     if (on_text && !text.empty()) on_text(text);
     pending.clear();
-    return true;
+    generated += text;
+    return !reached_stop(generated, text.size(), o.stop_texts);
+  });
+}
+
+std::vector<int64_t> generate_byte_text(HybridLM& model, const std::string& prompt, GenerationOptions o,
+                                        bool stop_at_eos, const std::function<void(int64_t)>& on_id) {
+  const int64_t vocab = model.recipe().vocab_size;
+  if (vocab < data::ByteTokenizer::kVocabSize)
+    throw Error("generate: vocab_size " + std::to_string(vocab) + " is smaller than the byte tokenizer's " +
+                std::to_string(data::ByteTokenizer::kVocabSize) + " ids");
+  o.banned = torch::ones({vocab}, torch::kBool);
+  o.banned.narrow(0, 0, 256).fill_(false);
+  o.banned[data::ByteTokenizer::kEos] = false;
+  o.stop_id = stop_at_eos ? data::ByteTokenizer::kEos : -1;
+  const auto ids = data::ByteTokenizer().encode(prompt, /*add_bos=*/true);
+  std::string generated;
+  return generate(model, std::vector<int64_t>(ids.begin(), ids.end()), o, [&](int64_t id) {
+    if (on_id) on_id(id);
+    if (id >= 256) return true;
+    generated += static_cast<char>(id);
+    return !reached_stop(generated, 1, o.stop_texts);
   });
 }
 

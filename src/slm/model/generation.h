@@ -18,6 +18,9 @@ struct GenerationOptions {
   SamplerOptions sampling;
   torch::Tensor banned;  // [V] bool: ids never sampled (e.g. BOS, PAD, ids past the tokenizer); may be undefined
   int64_t stop_id = -1;  // generation ends after this id is produced (-1: never)
+  // Text generation (generate_text, generate_byte_text) ends once the generated text contains one of these (e.g. a
+  // benchmark's "\n}"); the text is returned whole, the caller cuts it.
+  std::vector<std::string> stop_texts;
 };
 
 // prompt: at least one id. on_token (optional) sees each new id as it is produced; returning false stops.
@@ -30,5 +33,10 @@ std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& promp
 // as they complete (byte-fallback ids can split one). options.banned and stop_id are set here.
 std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tokenizer, const std::string& prompt,
                                    GenerationOptions options, const std::function<void(const std::string&)>& on_text);
+
+// The same with the byte-level tokenizer (data::ByteTokenizer): the prompt becomes BOS + its bytes; only byte ids
+// and EOS are ever sampled; EOS ends generation when stop_at_eos. on_id sees each new id.
+std::vector<int64_t> generate_byte_text(HybridLM& model, const std::string& prompt, GenerationOptions options,
+                                        bool stop_at_eos, const std::function<void(int64_t)>& on_id);
 
 }  // namespace slm::model

@@ -143,6 +143,17 @@ std::string run_tokenizer(const nlohmann::json& run_config, const std::string& d
   }
 }
 
+std::string checkpoint_tokenizer(const std::string& checkpoint) {
+  const std::string weights = model::weights_path(checkpoint);
+  const std::string meta_path = weights.substr(0, weights.find_last_of('/') + 1) + "meta.json";
+  if (weights.find('/') == std::string::npos || ::access(meta_path.c_str(), R_OK) != 0) return "";
+  auto meta = nlohmann::json::parse(read_file(meta_path), nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object() || !meta.contains("config") || !meta["config"].is_object()) return "";
+  const auto& cfg = meta["config"];
+  const std::string tokenizer = run_tokenizer(cfg, cfg.value("data", ""), "train");
+  return tokenizer == "none" ? "" : tokenizer;
+}
+
 torch::Tensor token_byte_counts(const data::Tokenizer& tok, int64_t vocab_size) {
   auto out = torch::zeros({vocab_size}, torch::kDouble);
   auto acc = out.accessor<double, 1>();

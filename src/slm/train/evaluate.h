@@ -65,6 +65,11 @@ std::string shard_tokenizer(const std::string& shard_path);
 // else "" (also when data_dir has no such shards).
 std::string run_tokenizer(const nlohmann::json& run_config, const std::string& data_dir, const std::string& split);
 
+// The tokenizer a checkpoint (directory or weights file) was trained with, as `slm generate` and `slm eval humaneval`
+// look it up: run_tokenizer of the run configuration in the meta.json beside the weights; "" when there is none,
+// when it is unknown, or "none" (then the byte-level tokenizer).
+std::string checkpoint_tokenizer(const std::string& checkpoint);
+
 // [vocab_size] float64: the bytes each id decodes to (0 for ids past the tokenizer's vocabulary and for specials).
 torch::Tensor token_byte_counts(const data::Tokenizer& tok, int64_t vocab_size);
 

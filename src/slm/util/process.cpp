@@ -35,8 +35,8 @@ std::vector<std::string> merged_environment(const std::vector<std::string>& extr
 
 }  // namespace
 
-bool program_available(const std::string& name) {
-  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0;
+std::string find_program(const std::string& name) {
+  if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : "";
   const char* path = std::getenv("PATH");
   std::string p = path ? path : "/usr/bin:/bin";
   size_t start = 0;
@@ -46,11 +46,13 @@ bool program_available(const std::string& name) {
     const std::string cand = p.substr(start, end - start) + "/" + name;
     struct stat st;
     if (end > start && stat(cand.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(cand.c_str(), X_OK) == 0)
-      return true;
+      return cand;
     start = end + 1;
   }
-  return false;
+  return "";
 }
+
+bool program_available(const std::string& name) { return !find_program(name).empty(); }
 
 ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOptions& o) {
   if (argv.empty()) throw Error("run_process: empty command");
@@ -92,18 +94,31 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
   const bool exec_failed = read(exec_pipe[0], &exec_errno, sizeof exec_errno) == sizeof exec_errno;
   close(exec_pipe[0]);
 
+  if (exec_failed) {
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    while (waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    throw Error(argv[0] + ": cannot run (" + std::strerror(exec_errno) + ")");
+  }
+  if (o.merge_stderr) close(err_pipe[0]);  // never written: stderr went to out_pipe
+  return collect_process(pid, out_pipe[0], o.merge_stderr ? -1 : err_pipe[0], o);
+}
+
+ProcessResult collect_process(int pid, int out_fd, int err_fd, const ProcessOptions& o) {
   ProcessResult r;
   r.pid = pid;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(o.timeout_s);
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  pollfd fds[2] = {{out_fd, POLLIN, 0}, {err_fd, POLLIN, 0}};
   std::string* sinks[2] = {&r.out, &r.err};
-  int open_fds = 2;
+  int open_fds = (out_fd >= 0) + (err_fd >= 0);
+  bool killed = false;
   char buf[65536];
   while (open_fds > 0) {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) {
-      r.timed_out = true;
+      r.timed_out = killed = true;
       kill(-pid, SIGKILL);
       break;
     }
@@ -116,10 +131,16 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
         close(fds[i].fd);
         fds[i].fd = -1;
         --open_fds;
-      } else if (sinks[i]->size() < o.max_output) {
-        sinks[i]->append(
-            buf, static_cast<size_t>(std::min<ssize_t>(got, static_cast<ssize_t>(o.max_output - sinks[i]->size()))));
+        continue;
       }
+      const size_t room = o.max_output - std::min(o.max_output, sinks[i]->size());
+      sinks[i]->append(buf, std::min(static_cast<size_t>(got), room));
+      if (static_cast<size_t>(got) > room) r.output_truncated = true;
+    }
+    if (r.output_truncated && o.kill_at_max_output) {
+      killed = true;
+      kill(-pid, SIGKILL);
+      break;
     }
   }
   for (auto& f : fds)
@@ -128,8 +149,7 @@ ProcessResult run_process(const std::vector<std::string>& argv, const ProcessOpt
   while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
   // Grandchildren that kept the pipes open are gone with the group.
-  if (r.timed_out) kill(-pid, SIGKILL);
-  if (exec_failed) throw Error(argv[0] + ": cannot run (" + std::strerror(exec_errno) + ")");
+  if (killed) kill(-pid, SIGKILL);
   if (WIFEXITED(status)) r.exit_code = WEXITSTATUS(status);
   if (WIFSIGNALED(status)) r.signal = WTERMSIG(status);
   return r;

@@ -1,0 +1,158 @@
+// slm eval humaneval: functional correctness (pass@k) on MultiPL-E's HumanEval-C++ or any problem file of its format.
+#include <torch/torch.h>
+
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <set>
+
+#include "commands.h"
+#include "slm/eval/completions.h"
+#include "slm/eval/humaneval.h"
+#include "slm/eval/model_completions.h"
+#include "slm/util/error.h"
+#include "slm/util/files.h"
+#include "slm/util/progress.h"
+
+namespace slm::cli {
+
+namespace {
+
+struct HumanEvalCli {
+  std::string problems = "../shared/eval/multipl-e/humaneval-cpp.jsonl";  // relative to the repository root
+  std::string completions;
+  eval::ModelSpec model;
+  double temperature = -1;  // -1: greedy for --n 1, else 0.8
+  eval::HumanEvalOptions run;
+  std::string sandbox = "auto";
+  double memory_mb = 1024, max_output_kb = 1024;
+  std::vector<std::string> tasks;
+  int limit = 0;
+  std::string out = "out/eval/humaneval";
+  int threads = 0;
+  bool json = false;
+};
+
+eval::Isolation choose_isolation(const std::string& mode) {
+  if (mode == "none") return eval::Isolation::kNone;
+  if (mode != "auto" && mode != "namespaces")
+    throw Error("--sandbox must be auto, namespaces or none (got " + mode + ")");
+  const std::string why = eval::Sandbox::probe();
+  if (why.empty()) return eval::Isolation::kNamespaces;
+  if (mode == "namespaces") throw Error("--sandbox namespaces: not available here: " + why);
+  std::cerr << "slm: warning: the sandbox cannot use namespaces here (" << why
+            << "); programs run with limits and a process group only: NO network isolation, the file system is "
+               "writable wherever this user may write (docs/evaluation.md, \"Sandbox\")\n";
+  return eval::Isolation::kNone;
+}
+
+void run_humaneval_cli(HumanEvalCli& c) {
+  auto problems = eval::load_problems(c.problems);
+  if (!c.tasks.empty()) {
+    std::set<std::string> want(c.tasks.begin(), c.tasks.end());
+    std::vector<eval::Problem> chosen;
+    for (auto& p : problems)
+      if (want.erase(p.name)) chosen.push_back(std::move(p));
+    if (!want.empty()) throw Error("--tasks: " + *want.begin() + " is not in " + c.problems);
+    problems = std::move(chosen);
+  }
+  if (c.limit > 0 && static_cast<size_t>(c.limit) < problems.size()) problems.resize(static_cast<size_t>(c.limit));
+
+  auto& o = c.run;
+  o.isolation = choose_isolation(c.sandbox);
+  o.run.memory_bytes = static_cast<uint64_t>(c.memory_mb * (1 << 20));
+  o.run.output_bytes = static_cast<size_t>(c.max_output_kb * 1024);
+  o.run.cpu_s = std::max(1, static_cast<int>(std::ceil(o.run.wall_s)));
+  if (!c.out.empty()) {
+    make_dirs(c.out);
+    o.results_path = c.out + "/results.jsonl";
+  }
+
+  std::unique_ptr<eval::CompletionSource> source;
+  if (!c.completions.empty()) {
+    if (!c.model.checkpoint.empty()) throw Error("give either --completions or --model, not both");
+    source = std::make_unique<eval::CompletionsFile>(c.completions, problems);
+  } else {
+    if (c.threads > 0) torch::set_num_threads(c.threads);
+    c.model.temperature = c.temperature >= 0 ? c.temperature : (o.n == 1 ? 0.0 : 0.8);
+    if (!c.out.empty()) o.completions_path = c.out + "/completions.jsonl";
+    source = std::make_unique<eval::ModelCompletions>(c.model);
+    if (c.model.checkpoint.empty())
+      std::cerr << "slm: warning: no checkpoint (--model): the weights are RANDOM, so every completion is noise\n";
+  }
+  std::cerr << "slm: " << problems.size() << " problems from " << c.problems << "; completions: " << source->describe()
+            << "\n";
+  auto report = [&] {
+    ProgressBar bar(std::cerr, "humaneval", 0, "samples");
+    auto r = eval::run_humaneval(c.problems, problems, *source, o, bar.callback());
+    bar.finish();
+    return r;
+  }();
+  if (!c.out.empty())
+    write_file_atomic(c.out + "/summary.json",
+                      report.summary_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  if (c.json)
+    std::cout << report.summary_json().dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  else
+    std::cout << report.table();
+  if (!c.out.empty())
+    std::cerr << "slm: wrote " << c.out << "/results.jsonl (every sample's outcome), " << c.out << "/summary.json"
+              << (o.completions_path.empty() ? "" : ", " + o.completions_path + " (rescore with --completions)")
+              << "\n";
+}
+
+}  // namespace
+
+void add_eval_humaneval_command(CLI::App* eval) {
+  auto c = std::make_shared<HumanEvalCli>();
+  auto* h = eval->add_subcommand(
+      "humaneval",
+      "Functional correctness: complete each problem (MultiPL-E HumanEval-C++ or a file of the same format), compile "
+      "it with the tests, run it in a sandbox, report pass@k (docs/evaluation.md)");
+  h->add_option("--problems", c->problems, "problem file (MultiPL-E JSONL: name, prompt, tests, stop_tokens)")
+      ->capture_default_str();
+  h->add_option("--model,--checkpoint", c->model.checkpoint,
+                "training checkpoint, run directory (its latest) or weights file to generate with");
+  h->add_option("--recipe", c->model.recipe,
+                "recipe (default: the training checkpoint's; alone, without --model: RANDOM weights)");
+  h->add_option("--tokenizer", c->model.tokenizer,
+                "tokenizer .model or 'byte' (default: the one the checkpoint was trained with, else byte-level)");
+  h->add_option("--completions", c->completions,
+                "score ready completions instead of generating: JSONL of {\"task_id\", \"completion\"}");
+  h->add_option("--n", c->run.n, "samples per problem (greedy pass@1: 1; pass@10: 20 or more)")->capture_default_str();
+  h->add_option("--k", c->run.ks, "pass@k to report (those <= n)")->delimiter(',')->capture_default_str();
+  h->add_option("--temperature", c->temperature, "sampling temperature (default: 0 = greedy for --n 1, else 0.8)");
+  h->add_option("--top-p", c->model.top_p, "nucleus sampling mass")->capture_default_str();
+  h->add_option("--top-k", c->model.top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
+  h->add_option("--seed", c->model.seed, "sampling seed (and of RANDOM weights)")->capture_default_str();
+  h->add_option("--max-tokens", c->model.max_tokens,
+                "tokens per completion (generation also stops at the stop "
+                "sequences and at EOS)")
+      ->capture_default_str();
+  h->add_option("--device", c->model.device, "cpu or cuda")->capture_default_str();
+  h->add_option("--threads", c->threads, "CPU threads for generation (0: torch's default)")->capture_default_str();
+  h->add_option("--jobs", c->run.jobs, "programs compiled and run in parallel (0: one per core)")
+      ->capture_default_str();
+  h->add_option("--timeout", c->run.run.wall_s, "wall-clock seconds per test program (CPU time: the same)")
+      ->capture_default_str();
+  h->add_option("--memory-mb", c->memory_mb, "address-space limit of a test program")->capture_default_str();
+  h->add_option("--max-output-kb", c->max_output_kb, "stdout/stderr a test program may write (each)")
+      ->capture_default_str();
+  h->add_option("--max-procs", c->run.run.processes, "processes a test program may have")->capture_default_str();
+  h->add_option("--sandbox", c->sandbox,
+                "auto (namespaces when permitted, else none with a warning), namespaces, or none")
+      ->capture_default_str();
+  h->add_option("--compiler", c->run.compile.compiler, "C++ compiler")->capture_default_str();
+  h->add_option("--std", c->run.compile.standard, "language standard")->capture_default_str();
+  h->add_flag(
+      "--no-pch", [c](int64_t) { c->run.compile.pch = false; },
+      "compile each program from scratch, without the precompiled #include block");
+  h->add_option("--tasks", c->tasks, "only these problems (names, comma-separated)")->delimiter(',');
+  h->add_option("--limit", c->limit, "only the first N problems (0: all)")->capture_default_str();
+  h->add_option("--out", c->out, "directory for results.jsonl, completions.jsonl and summary.json (\"\": write none)")
+      ->capture_default_str();
+  h->add_flag("--json", c->json, "print the summary as JSON");
+  h->callback([c] { run_humaneval_cli(*c); });
+}
+
+}  // namespace slm::cli
