@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "slm/data/detokenizer.h"
+
 #include "slm/util/error.h"
 
 namespace slm::model {
@@ -48,15 +50,13 @@ std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tok, 
         (tok.is_special(static_cast<uint32_t>(id)) && id != static_cast<int64_t>(tok.eos_id())))
       o.banned[id] = true;
   o.stop_id = tok.eos_id();
-  std::vector<uint32_t> pending;
-  return generate(model, ids, o, [&](int64_t id) {
-    pending.push_back(static_cast<uint32_t>(id));
-    std::string text = tok.decode(pending);
-    if (!text.empty() && (static_cast<unsigned char>(text.back()) & 0xC0) == 0x80) return true;  // mid-character
-    if (on_text && !text.empty()) on_text(text);
-    pending.clear();
+  data::Detokenizer detok(tok);
+  auto out = generate(model, ids, o, [&](int64_t id) {
+    if (std::string text = detok.push(static_cast<uint32_t>(id)); on_text && !text.empty()) on_text(text);
     return true;
   });
+  if (std::string rest = detok.flush(); on_text && !rest.empty()) on_text(rest);
+  return out;
 }
 
 }  // namespace slm::model
