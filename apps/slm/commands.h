@@ -16,4 +16,6 @@ void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 void add_router_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
 }  // namespace slm::cli
