@@ -15,4 +15,7 @@ void add_quantize_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
+void add_router_command(CLI::App& app);
+void add_serve_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
 }  // namespace slm::cli

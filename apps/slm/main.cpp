@@ -26,6 +26,9 @@ int main(int argc, char** argv) {
   slm::cli::add_train_command(app);
   slm::cli::add_eval_command(app);
   slm::cli::add_demo_command(app);
+  slm::cli::add_router_command(app);
+  slm::cli::add_serve_command(app);
+  slm::cli::add_chat_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {

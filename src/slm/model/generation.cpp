@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "slm/data/byte_tokenizer.h"
+#include "slm/data/detokenizer.h"
 #include "slm/util/error.h"
 
 namespace slm::model {
@@ -64,17 +65,17 @@ std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tok, 
         (tok.is_special(static_cast<uint32_t>(id)) && id != static_cast<int64_t>(tok.eos_id())))
       o.banned[id] = true;
   o.stop_id = tok.eos_id();
-  std::vector<uint32_t> pending;
+  data::Detokenizer detok(tok);
   std::string generated;
-  return generate(model, ids, o, [&](int64_t id) {
-    pending.push_back(static_cast<uint32_t>(id));
-    std::string text = tok.decode(pending);
-    if (!text.empty() && (static_cast<unsigned char>(text.back()) & 0xC0) == 0x80) return true;  // mid-character
-    if (on_text && !text.empty()) on_text(text);
-    pending.clear();
+  auto out = generate(model, ids, o, [&](int64_t id) {
+    std::string text = detok.push(static_cast<uint32_t>(id));
+    if (text.empty()) return true;
+    if (on_text) on_text(text);
     generated += text;
     return !reached_stop(generated, text.size(), o.stop_texts);
   });
+  if (std::string rest = detok.flush(); on_text && !rest.empty()) on_text(rest);
+  return out;
 }
 
 std::vector<int64_t> generate_byte_text(HybridLM& model, const std::string& prompt, GenerationOptions o,

@@ -1,0 +1,114 @@
+#include <unistd.h>
+
+#include <iostream>
+#include <memory>
+
+#include "commands.h"
+#include "slm/recipe/ensemble.h"
+#include "slm/server/chat_client.h"
+#include "slm/util/error.h"
+
+namespace slm::cli {
+
+namespace {
+
+struct ChatFlags {
+  std::string url, ensemble, recipe, checkpoint, tokenizer, api_key, system;
+  server::LoadOptions load;
+  server::ChatOptions chat;
+};
+
+const char* kHelp =
+    "commands: /reset (forget the conversation), /model NAME (a specialist or auto), /quit; a line ending in \\ "
+    "continues on the next\n";
+
+void run_chat(ChatFlags f) {
+  const int sources = !f.url.empty() + !f.ensemble.empty() + !f.recipe.empty();
+  if (sources > 1) throw Error("chat: give one of --url, --ensemble or --recipe");
+  if (sources == 0) f.url = "http://127.0.0.1:8000";
+  server::Specialists specialists;  // in-process only
+  std::unique_ptr<server::ChatBackend> backend;
+  if (!f.url.empty()) {
+    backend = server::http_chat(f.url, f.api_key);
+  } else {
+    if (!f.ensemble.empty()) {
+      specialists = server::Specialists::from_manifest(load_ensemble(f.ensemble), f.load);
+    } else {
+      if (f.tokenizer.empty()) throw Error("chat: --recipe needs --tokenizer (the code tokenizer .model)");
+      specialists = server::Specialists::single(f.recipe, f.checkpoint, f.tokenizer, f.load);
+    }
+    for (const auto& s : specialists.all())
+      if (s->weights == "random") std::cerr << "slm chat: warning: " << s->name << " runs RANDOM weights\n";
+    backend = server::in_process_chat(specialists);
+  }
+  const bool tty = ::isatty(0);
+  if (tty)
+    std::cerr << "slm chat (" << (f.url.empty() ? "in-process" : f.url) << ", model " << f.chat.model << ")\n" << kHelp;
+  std::vector<engine::ChatMessage> history;
+  if (!f.system.empty()) history.push_back({"system", f.system});
+  std::string line;
+  for (;;) {
+    if (tty) std::cerr << "you> " << std::flush;
+    std::string text;
+    while (std::getline(std::cin, line)) {
+      if (!line.empty() && line.back() == '\\') {
+        text += line.substr(0, line.size() - 1) + "\n";
+        continue;
+      }
+      text += line;
+      break;
+    }
+    if (!std::cin && text.empty()) break;  // end of input
+    if (text == "/quit" || text == "/exit") break;
+    if (text == "/reset") {
+      history.resize(f.system.empty() ? 0 : 1);
+      std::cerr << "(conversation cleared)\n";
+      continue;
+    }
+    if (text.rfind("/model ", 0) == 0) {
+      f.chat.model = text.substr(7);
+      std::cerr << "(model " << f.chat.model << ")\n";
+      continue;
+    }
+    if (text == "/help" || text.empty()) {
+      std::cerr << kHelp;
+      continue;
+    }
+    history.push_back({"user", text});
+    try {
+      const auto reply =
+          backend->send(history, f.chat, [](const std::string& piece) { std::cout << piece << std::flush; });
+      std::cout << "\n";
+      std::cerr << "(answered by " << reply.specialist << ", finish " << reply.finish_reason << ")\n";
+      history.push_back({"assistant", reply.text});
+    } catch (const Error& e) {
+      history.pop_back();
+      std::cerr << "slm chat: " << e.what() << "\n";
+    }
+  }
+}
+
+}  // namespace
+
+void add_chat_command(CLI::App& app) {
+  auto f = std::make_shared<ChatFlags>();
+  auto* c = app.add_subcommand("chat",
+                               "Chat in the terminal with a running `slm serve` (--url, the default) or with "
+                               "specialists loaded in-process (--ensemble or --recipe)");
+  c->add_option("--url", f->url, "server to talk to (default http://127.0.0.1:8000 when no model is given)");
+  c->add_option("--api-key", f->api_key, "the server's API key, if it wants one");
+  c->add_option("--ensemble", f->ensemble, "in-process: ensemble manifest");
+  c->add_option("--recipe", f->recipe, "in-process: one model's recipe");
+  c->add_option("--checkpoint", f->checkpoint, "in-process: its weights");
+  c->add_option("--tokenizer", f->tokenizer, "in-process: its code tokenizer .model");
+  c->add_flag("--random-weights", f->load.allow_random_weights, "in-process: allow specialists without a checkpoint");
+  c->add_option("--model", f->chat.model, "specialist name or auto")->capture_default_str();
+  c->add_option("--max-tokens", f->chat.max_tokens, "longest answer")->capture_default_str();
+  c->add_option("--temperature", f->chat.temperature, "0 = greedy")->capture_default_str();
+  c->add_option("--top-p", f->chat.top_p, "nucleus sampling mass")->capture_default_str();
+  c->add_option("--seed", f->chat.seed, "sampling seed")->capture_default_str();
+  c->add_option("--system", f->system, "a system message that starts the conversation");
+  c->callback([f] { run_chat(*f); });
+}
+
+}  // namespace slm::cli

@@ -1,0 +1,40 @@
+#pragma once
+// What `slm chat` talks to: specialists loaded in this process, or a running `slm serve` over HTTP (streaming
+// /v1/chat/completions). Both stream the answer's text as it is produced and say which specialist answered.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "slm/engine/chat_template.h"
+#include "slm/server/specialists.h"
+
+namespace slm::server {
+
+struct ChatOptions {
+  std::string model = "auto";
+  int64_t max_tokens = 256;
+  double temperature = 0.7;
+  double top_p = 1.0;
+  uint64_t seed = 0;
+};
+
+struct ChatReply {
+  std::string specialist, text, finish_reason;
+};
+
+class ChatBackend {
+ public:
+  virtual ~ChatBackend() = default;
+  // Sends the conversation and streams the assistant's answer to on_text. Throws slm::Error with the server's
+  // message for a refused request or a connection that fails.
+  virtual ChatReply send(const std::vector<engine::ChatMessage>& history, const ChatOptions& options,
+                         const std::function<void(const std::string&)>& on_text) = 0;
+};
+
+// The specialists must outlive the backend.
+std::unique_ptr<ChatBackend> in_process_chat(Specialists& specialists);
+// url: http://host:port (no TLS). api_key: sent as a bearer token when non-empty.
+std::unique_ptr<ChatBackend> http_chat(const std::string& url, const std::string& api_key);
+
+}  // namespace slm::server

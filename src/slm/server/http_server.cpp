@@ -1,0 +1,377 @@
+#include "slm/server/http_server.h"
+
+#include <dirent.h>
+#include <httplib.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <ctime>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "slm/server/metrics.h"
+#include "slm/server/openai.h"
+#include "slm/server/prepare.h"
+#include "slm/server/session.h"
+#include "slm/server/web_page.h"
+#include "slm/util/error.h"
+
+namespace slm::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using Json = nlohmann::json;
+
+// The socket of a request's connection. cpp-httplib 0.11 neither tells a handler whether its client is still there nor
+// gives it the socket, so the server finds it once per generation: the open socket whose local port and peer
+// address are the request's (a TCP connection is identified by them). -1 when none matches.
+int connection_socket(const httplib::Request& req) {
+  DIR* dir = ::opendir("/proc/self/fd");  // POSIX, not std::filesystem (README, "Known pitfall")
+  if (!dir) return -1;
+  int found = -1;
+  while (dirent* e = ::readdir(dir)) {
+    const int fd = std::atoi(e->d_name);
+    if (e->d_name[0] == '.' || fd == ::dirfd(dir)) continue;
+    sockaddr_storage local{}, peer{};
+    socklen_t ll = sizeof(local), pl = sizeof(peer);
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
+        ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+      continue;
+    char host[NI_MAXHOST], port[NI_MAXSERV], lport[NI_MAXSERV];
+    if (::getnameinfo(reinterpret_cast<sockaddr*>(&peer), pl, host, sizeof(host), port, sizeof(port),
+                      NI_NUMERICHOST | NI_NUMERICSERV) != 0 ||
+        ::getnameinfo(reinterpret_cast<sockaddr*>(&local), ll, nullptr, 0, lport, sizeof(lport), NI_NUMERICSERV) != 0)
+      continue;
+    if (req.remote_addr == host && req.remote_port == std::atoi(port) && req.local_port == std::atoi(lport)) {
+      found = fd;
+      break;
+    }
+  }
+  ::closedir(dir);
+  return found;
+}
+
+// True when the peer closed its end (an orderly close reads as 0 bytes) or the connection broke. Bytes already
+// waiting (a pipelined request) mean the client is still there.
+bool client_gone(int sock) {
+  if (sock < 0) return false;
+  pollfd p{sock, POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLERR | POLLHUP | POLLNVAL)) return true;
+  char c;
+  const ssize_t n = ::recv(sock, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+// Generated text may hold invalid UTF-8 (a byte-fallback id on its own): replaced by U+FFFD rather than failing.
+std::string dump(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+void send_error(httplib::Response& res, const ApiError& e) {
+  res.status = e.status();
+  res.set_content(dump(e.to_json()), "application/json");
+}
+
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  // Compares every byte of the longer string whatever the contents, so the time says nothing about the key.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() != b.size();
+  for (size_t i = 0; i < n; ++i)
+    diff |= static_cast<unsigned char>((i < a.size() ? a[i] : 0) ^ (i < b.size() ? b[i] : 0));
+  return diff == 0;
+}
+
+}  // namespace
+
+struct Server::Impl {
+  Impl(Specialists& s, ServerOptions o) : specialists(s), options(std::move(o)) {}
+
+  Specialists& specialists;
+  ServerOptions options;
+  httplib::Server http;
+  Metrics metrics;
+  std::thread listener;
+  std::atomic<bool> stopping{false};
+  std::atomic<uint64_t> counter{0};
+  uint64_t id_salt = std::random_device{}();
+  std::once_flag stopped;
+
+  std::string new_id(const char* prefix) {
+    char buf[40];
+    std::snprintf(buf, sizeof(buf), "%s-%016llx", prefix,
+                  static_cast<unsigned long long>(id_salt ^ (++counter * 0x9e3779b97f4a7c15ULL)));
+    return buf;
+  }
+
+  void log(const httplib::Request& req, int status, const std::string& extra = "") {
+    if (options.log) options.log(req.method + " " + req.path + " " + std::to_string(status) + extra);
+  }
+
+  std::vector<EngineGauges> gauges() const {
+    std::vector<EngineGauges> out;
+    for (const auto& s : specialists.all()) {
+      const auto st = s->engine->stats();
+      out.push_back({s->name, st.queued, st.running});
+    }
+    return out;
+  }
+
+  bool routable() const { return specialists.has_router() || specialists.all().size() == 1; }
+
+  void models(httplib::Response& res) {
+    Json data = Json::array();
+    for (const auto& s : specialists.all())
+      data.push_back({{"id", s->name},
+                      {"object", "model"},
+                      {"created", 0},
+                      {"owned_by", "slm"},
+                      {"description", s->description},
+                      {"routes", s->routes},
+                      {"context_length", s->engine->context_length()}});
+    if (routable())
+      data.push_back({{"id", "auto"},
+                      {"object", "model"},
+                      {"created", 0},
+                      {"owned_by", "slm"},
+                      {"description", "the router picks the specialist for each request"}});
+    res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
+  }
+
+  void health(httplib::Response& res) {
+    Json sp = Json::array();
+    for (const auto& g : gauges()) sp.push_back({{"name", g.specialist}, {"queued", g.queued}, {"running", g.running}});
+    res.set_content(dump({{"status", "ok"}, {"specialists", sp}, {"router", specialists.has_router()}}),
+                    "application/json");
+  }
+
+  void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+    const auto t0 = Clock::now();
+    const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+    const GenerationRequest g = parse_generation_request(req.body, chat);
+    auto prepared = prepare_generation(specialists, g, options.default_max_tokens);
+    Specialist& sp = *prepared.specialist;
+    std::shared_ptr<Session> session;
+    try {
+      session = std::make_shared<Session>(sp, std::move(prepared.request), g.stop);
+    } catch (const engine::QueueFull& e) {
+      res.set_header("Retry-After", "1");
+      throw ApiError(503, std::string("specialist \"") + sp.name + "\" is busy: " + e.what() + "; retry later", "",
+                     "queue_full");
+    } catch (const Error& e) {
+      throw ApiError(400, e.what());
+    }
+    auto c = std::make_shared<Completion>();
+    c->id = new_id(chat ? "chatcmpl" : "cmpl");
+    c->model = sp.name;
+    c->specialist = sp.name;
+    c->created = static_cast<int64_t>(std::time(nullptr));
+    c->routing = prepared.routing;
+    res.set_header("X-SLM-Specialist", sp.name);
+    const auto deadline =
+        t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.request_timeout_s));
+    // Records the finished (or abandoned) generation; delivered is false when the client went away. An abandoned
+    // generation is cancelled and waited for (one token at most), so its counts are the real ones.
+    auto finish = [this, c, session, &sp, t0, endpoint](bool delivered) {
+      if (!delivered) {
+        session->cancel();
+        for (bool done = false; !done;) session->next(std::chrono::milliseconds(50), done);
+      }
+      const auto r = session->result();
+      c->finish_reason = r.finish_reason == "cancelled" ? "length" : r.finish_reason;  // a timeout
+      c->prompt_tokens = r.prompt_tokens;
+      c->completion_tokens = r.completion_tokens;
+      if (!delivered) metrics.cancelled(sp.name);
+      metrics.generation(sp.name, r.prompt_tokens, r.completion_tokens,
+                         std::chrono::duration<double>(Clock::now() - t0).count(), r.first_token_s,
+                         delivered ? c->finish_reason : "client_gone");
+      metrics.request(endpoint, delivered ? 200 : 499);
+    };
+    const int sock = connection_socket(req);
+    auto interrupted = [this, deadline, session, sock] {
+      if (stopping || Clock::now() > deadline) session->cancel();
+      return client_gone(sock);
+    };
+
+    if (!g.stream) {
+      bool done = false;
+      while (!done) {
+        c->text += session->next(std::chrono::milliseconds(50), done);
+        if (!done && interrupted()) {
+          finish(false);
+          log(req, 499, " client went away");
+          res.status = 499;  // nobody is listening: the response is dropped with the connection
+          res.set_content("client closed the request", "text/plain");
+          return;
+        }
+      }
+      const auto r = session->result();
+      if (r.finish_reason == "error") throw ApiError(500, "generation failed: " + r.error, "", "generation_failed");
+      finish(true);
+      res.set_content(dump(completion_json(*c, chat)), "application/json");
+      log(req, 200, " " + sp.name + " " + std::to_string(c->completion_tokens) + " tokens");
+      return;
+    }
+
+    res.set_header("Cache-Control", "no-cache");
+    auto first = std::make_shared<bool>(true);
+    auto include_usage = g.include_usage;
+    res.set_chunked_content_provider("text/event-stream", [this, c, session, chat, first, include_usage, interrupted,
+                                                           finish, &req](size_t, httplib::DataSink& sink) {
+      auto event = [&](const Json& j) {
+        const std::string line = "data: " + dump(j) + "\n\n";
+        return sink.write(line.data(), line.size());
+      };
+      for (;;) {
+        bool done = false;
+        const std::string piece = session->next(std::chrono::milliseconds(50), done);
+        if (!piece.empty()) {  // the first chunk also carries the role
+          if (!event(chunk_json(*c, chat, piece, *first, false))) break;
+          *first = false;
+        }
+        if (done) {
+          const auto r = session->result();
+          if (r.finish_reason == "error") {
+            event(ApiError(500, "generation failed: " + r.error, "", "generation_failed").to_json());
+          } else {
+            finish(true);
+            if (!event(chunk_json(*c, chat, "", *first, true))) return false;
+            if (include_usage && !event(chunk_json(*c, chat, "", false, false, true))) return false;
+          }
+          const std::string end = "data: [DONE]\n\n";
+          sink.write(end.data(), end.size());
+          sink.done();
+          log(req, 200, " " + c->specialist + " stream " + std::to_string(c->completion_tokens) + " tokens");
+          return true;
+        }
+        if (!piece.empty()) return true;
+        if (interrupted()) break;
+      }
+      finish(false);
+      log(req, 499, " client went away");
+      return false;
+    });
+  }
+
+  // Runs a handler, turning every failure into an OpenAI-shaped error so that no request can take the server down.
+  void guarded(const httplib::Request& req, httplib::Response& res, const std::string& endpoint,
+               const std::function<void()>& fn) {
+    try {
+      fn();
+      return;
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const std::exception& e) {
+      send_error(res, ApiError(500, std::string("internal error: ") + e.what(), "", "internal_error"));
+    }
+    metrics.request(endpoint, res.status);
+    log(req, res.status, std::string(" ") + res.body.substr(0, 200));
+  }
+
+  bool authorized(const httplib::Request& req, httplib::Response& res) {
+    if (options.api_key.empty() || req.path == "/health" || req.path == "/") return true;  // no data there
+    const std::string h = req.get_header_value("Authorization");
+    const std::string prefix = "Bearer ";
+    const std::string given = h.rfind(prefix, 0) == 0 ? h.substr(prefix.size()) : "";
+    if (constant_time_equal(given, options.api_key)) return true;
+    send_error(res,
+               ApiError(401, "missing or wrong API key (send \"Authorization: Bearer KEY\")", "", "invalid_api_key"));
+    metrics.request(req.path, 401);
+    return false;
+  }
+
+  void routes() {
+    http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+      return authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
+                                  : httplib::Server::HandlerResponse::Handled;
+    });
+    http.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(req, res, "/health", [&] { health(res); });
+    });
+    http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(req, res, "/v1/models", [&] {
+        models(res);
+        metrics.request("/v1/models", 200);
+      });
+    });
+    http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(req, res, "/metrics", [&] {
+        metrics.request("/metrics", 200);
+        res.set_content(metrics.render(gauges()), "text/plain; version=0.0.4");
+      });
+    });
+    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+      res.set_content(web_page_html(), "text/html; charset=utf-8");
+    });
+    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(req, res, "/v1/chat/completions", [&] { generate(req, res, true); });
+    });
+    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(req, res, "/v1/completions", [&] { generate(req, res, false); });
+    });
+    // What cpp-httplib answers by itself (unknown path, body too large, bad request line) gets an error object too.
+    http.set_error_handler(
+        httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
+          if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+          std::string msg = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
+                            : res.status == 413
+                                ? "the body is larger than " + std::to_string(options.max_body_bytes) + " bytes"
+                                : "the request was refused (HTTP " + std::to_string(res.status) + ")";
+          send_error(res, ApiError(res.status, msg));
+          metrics.request("other", res.status);
+          return httplib::Server::HandlerResponse::Handled;
+        }));
+  }
+};
+
+Server::Server(Specialists& specialists, ServerOptions options)
+    : impl_(std::make_unique<Impl>(specialists, std::move(options))) {
+  if (specialists.all().empty()) throw Error("serve: no specialists to serve");
+  if (impl_->options.threads < 1) throw Error("serve: threads must be at least 1");
+  if (impl_->options.default_max_tokens < 1) throw Error("serve: the default max_tokens must be at least 1");
+}
+
+Server::~Server() {
+  stop();
+}
+
+int Server::start() {
+  // A client that disconnects makes the next write fail; without this the write's SIGPIPE would kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
+  auto& h = impl_->http;
+  const size_t threads = static_cast<size_t>(impl_->options.threads);
+  h.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  h.set_payload_max_length(impl_->options.max_body_bytes);
+  // Without it, a small response written in pieces waits for the client's delayed ACK (40 ms per request on Linux).
+  h.set_tcp_nodelay(true);
+  h.set_read_timeout(30);
+  h.set_write_timeout(30);
+  impl_->routes();
+  int port = impl_->options.port;
+  if (port == 0) {
+    port = h.bind_to_any_port(impl_->options.host);
+  } else if (!h.bind_to_port(impl_->options.host, port)) {
+    port = -1;
+  }
+  if (port < 0)
+    throw Error("serve: cannot listen on " + impl_->options.host + ":" + std::to_string(impl_->options.port) +
+                " (in use, or not an address of this machine)");
+  impl_->listener = std::thread([this] { impl_->http.listen_after_bind(); });
+  return port;
+}
+
+void Server::stop() {
+  std::call_once(impl_->stopped, [this] {
+    impl_->stopping = true;
+    impl_->http.stop();
+    if (impl_->listener.joinable()) impl_->listener.join();
+  });
+}
+
+}  // namespace slm::server

@@ -1,0 +1,44 @@
+#pragma once
+// `slm serve`: the OpenAI-compatible HTTP front of the specialists (docs/serving.md), on cpp-httplib.
+//   POST /v1/chat/completions, POST /v1/completions   (stream: true -> server-sent events)
+//   GET  /v1/models, /health, /metrics
+// Each request runs on an HTTP worker thread that waits on its Session; the generation itself runs on the
+// specialist's engine thread. A client that disconnects cancels its generation; every bad request gets an
+// OpenAI-shaped error object.
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "slm/server/specialists.h"
+
+namespace slm::server {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";  // loopback unless asked otherwise
+  int port = 8000;                 // 0: any free port (start() returns it)
+  int threads = 32;                // HTTP worker threads: each open connection holds one while it is served
+  size_t max_body_bytes = 4u << 20;
+  int64_t default_max_tokens = 256;  // when a request gives none (capped by the context left)
+  double request_timeout_s = 600;    // a generation still running after this long is cancelled
+  std::string api_key;               // non-empty: required as "Authorization: Bearer KEY" (not on /health and the page)
+  std::function<void(const std::string&)> log;  // one line per request (optional)
+};
+
+class Server {
+ public:
+  // The specialists must outlive the server.
+  Server(Specialists& specialists, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+  // Binds and serves on background threads; returns the port. Throws slm::Error when the address cannot be bound.
+  int start();
+  // Stops accepting, cancels running generations and joins the threads. Idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace slm::server

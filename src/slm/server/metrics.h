@@ -1,0 +1,54 @@
+#pragma once
+// Server counters in the Prometheus text format (GET /metrics): requests by endpoint and status, tokens and
+// requests per specialist, latency and time-to-first-token histograms, and the queue depth and running requests
+// of every specialist's engine (read when scraped). Thread-safe.
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace slm::server {
+
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);  // upper bounds, increasing; +Inf is implicit
+  void observe(double v);
+  // Lines of a Prometheus histogram `name` with the given label set ("" or `a="b"`).
+  std::string render(const std::string& name, const std::string& labels) const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  // per bucket (not cumulative); the last is +Inf
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+struct EngineGauges {
+  std::string specialist;
+  int64_t queued = 0, running = 0;
+};
+
+class Metrics {
+ public:
+  Metrics();
+  void request(const std::string& endpoint, int status);
+  // A finished generation on a specialist.
+  void generation(const std::string& specialist, int64_t prompt_tokens, int64_t completion_tokens, double latency_s,
+                  double first_token_s, const std::string& finish_reason);
+  void cancelled(const std::string& specialist);
+  std::string render(const std::vector<EngineGauges>& engines) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, int>, uint64_t> requests_;  // (endpoint, status)
+  struct PerSpecialist {
+    uint64_t requests = 0, prompt_tokens = 0, completion_tokens = 0, cancelled = 0;
+    std::map<std::string, uint64_t> finish;
+  };
+  std::map<std::string, PerSpecialist> specialists_;
+  Histogram latency_, first_token_;
+};
+
+}  // namespace slm::server

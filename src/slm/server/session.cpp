@@ -1,0 +1,96 @@
+#include "slm/server/session.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+
+#include "slm/data/detokenizer.h"
+#include "slm/engine/stop_text.h"
+
+namespace slm::server {
+
+struct Session::State {
+  State(const data::Tokenizer& t, std::vector<std::string> stops) : detok(t), stop(std::move(stops)) {}
+  std::mutex mu;
+  std::condition_variable cv;
+  data::Detokenizer detok;
+  engine::StopText stop;
+  std::string pending;  // produced, not yet taken by next()
+  bool done = false;
+  SessionResult result;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+};
+
+Session::Session(Specialist& s, engine::Request request, std::vector<std::string> stop_strings)
+    : state_(std::make_shared<State>(*s.tokenizer, std::move(stop_strings))), engine_(*s.engine) {
+  auto st = state_;
+  engine::Engine* eng = s.engine.get();
+  auto id = std::make_shared<std::atomic<engine::RequestId>>(0);
+  engine::Callbacks cb;
+  // The engine may call on_done from cancel() (a request that had not started), so cancel() is never called
+  // with st->mu held.
+  cb.on_token = [st, eng, id](int64_t token) {
+    bool stop_now = false;
+    {
+      std::lock_guard lock(st->mu);
+      if (st->result.first_token_s < 0)
+        st->result.first_token_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - st->start).count();
+      if (st->stop.stopped()) return;
+      st->pending += st->stop.push(data::replace_invalid_utf8(st->detok.push(static_cast<uint32_t>(token))));
+      stop_now = st->stop.stopped();
+      st->cv.notify_all();
+    }
+    // The id is known once submit() returns; a stop string seen before that is caught right after submit().
+    if (stop_now && id->load()) eng->cancel(id->load());
+  };
+  cb.on_done = [st](const engine::Result& r) {
+    std::lock_guard lock(st->mu);
+    if (!st->stop.stopped()) {
+      st->pending += st->stop.push(data::replace_invalid_utf8(st->detok.flush()));
+      st->pending += st->stop.flush();
+    }
+    st->result.prompt_tokens = r.prompt_tokens;
+    st->result.completion_tokens = r.completion_tokens;
+    st->result.finish_reason = st->stop.stopped() ? "stop" : engine::finish_name(r.finish);
+    st->result.error = r.error;
+    st->done = true;
+    st->cv.notify_all();
+  };
+  id_ = engine_.submit(std::move(request), std::move(cb));
+  id->store(id_);
+  bool stopped;
+  {
+    std::lock_guard lock(state_->mu);
+    stopped = state_->stop.stopped() && !state_->done;
+  }
+  if (stopped) engine_.cancel(id_);
+}
+
+Session::~Session() {
+  bool done;
+  {
+    std::lock_guard lock(state_->mu);
+    done = state_->done;
+  }
+  if (!done) engine_.cancel(id_);  // a no-op when it finished in between
+}
+
+void Session::cancel() {
+  engine_.cancel(id_);
+}
+
+std::string Session::next(std::chrono::milliseconds timeout, bool& done) {
+  std::unique_lock lock(state_->mu);
+  state_->cv.wait_for(lock, timeout, [&] { return state_->done || !state_->pending.empty(); });
+  std::string out;
+  out.swap(state_->pending);
+  done = state_->done;
+  return out;
+}
+
+SessionResult Session::result() const {
+  std::lock_guard lock(state_->mu);
+  return state_->result;
+}
+
+}  // namespace slm::server

@@ -1,0 +1,45 @@
+#pragma once
+// One generation in flight, as text: submits token ids to a specialist's engine and turns the tokens it streams
+// back into text pieces (whole UTF-8 characters, cut at the first stop string, which also cancels the rest of the
+// generation). The HTTP thread pulls the pieces with next(); the engine's callbacks only append under a lock.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "slm/engine/engine.h"
+#include "slm/server/specialists.h"
+
+namespace slm::server {
+
+struct SessionResult {
+  std::string finish_reason;  // "stop" (stop id or stop string), "length", "cancelled", "error"
+  std::string error;          // for "error"
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  double first_token_s = -1;  // seconds from the session's start to its first token (-1: none)
+};
+
+class Session {
+ public:
+  // Submits at once; throws engine::QueueFull or slm::Error (a request the engine refuses).
+  Session(Specialist& specialist, engine::Request request, std::vector<std::string> stop_strings);
+  // Cancels the generation when it has not finished.
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  // Waits at most `timeout` for text or the end; returns the text produced since the last call ("" if none yet).
+  // done becomes true once everything has been returned and the generation has ended.
+  std::string next(std::chrono::milliseconds timeout, bool& done);
+  void cancel();
+  // Valid once next() reported done.
+  SessionResult result() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+  engine::Engine& engine_;
+  engine::RequestId id_ = 0;
+};
+
+}  // namespace slm::server

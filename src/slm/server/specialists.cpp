@@ -1,0 +1,133 @@
+#include "slm/server/specialists.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <map>
+
+#include "slm/engine/decode_engine.h"
+#include "slm/model/hybrid_lm.h"
+#include "slm/model/weights.h"
+#include "slm/train/checkpoint.h"
+#include "slm/util/error.h"
+#include "slm/util/format.h"
+
+namespace slm::server {
+
+namespace {
+
+// seed: of the random weights when there is no checkpoint (each specialist of an ensemble gets its own).
+std::shared_ptr<model::HybridLM> load_model(const Recipe& recipe, const std::string& checkpoint, const LoadOptions& o,
+                                            uint64_t seed, const std::string& who, std::string& weights) {
+  if (checkpoint.empty() && !o.allow_random_weights)
+    throw Error(who + ": no checkpoint (give one, or --random-weights to serve random weights)");
+  torch::manual_seed(seed);
+  auto m = std::make_shared<model::HybridLM>(recipe);
+  m->eval();
+  if (!checkpoint.empty()) {
+    std::string path = checkpoint;
+    if (auto latest = train::latest_checkpoint(path); !latest.empty()) path = latest;  // a run directory
+    weights = model::weights_path(path);
+    model::load_weights(*m, weights);
+  } else {
+    weights = "random";
+  }
+  if (o.device != "cpu") m->to(torch::Device(o.device));
+  return m;
+}
+
+}  // namespace
+
+void Specialists::add(std::string name, std::shared_ptr<model::HybridLM> m, std::unique_ptr<data::Tokenizer> tok,
+                      std::vector<std::string> routes, const LoadOptions& o, std::string weights) {
+  if (find(name)) throw Error("specialist \"" + name + "\" is already loaded");
+  if (name == "auto") throw Error("\"auto\" is reserved for the router; name the specialist otherwise");
+  const int64_t vocab = m->recipe().vocab_size;
+  if (static_cast<int64_t>(tok->vocab_size()) > vocab)
+    throw Error(name + ": the tokenizer's " + std::to_string(tok->vocab_size()) +
+                " ids do not fit the recipe's vocabulary of " + std::to_string(vocab));
+  auto s = std::make_unique<Specialist>();
+  s->name = std::move(name);
+  s->routes = std::move(routes);
+  s->tokenizer = std::move(tok);
+  s->chat = std::make_unique<engine::ChatTemplate>(*s->tokenizer);
+  s->weights = std::move(weights);
+  for (const auto& p : m->parameters()) {
+    s->parameters += p.numel();
+    s->weight_bytes += p.numel() * static_cast<int64_t>(p.element_size());
+  }
+  engine::DecodeEngineOptions eo;
+  eo.banned_ids = s->chat->banned_ids(vocab);
+  eo.max_queue = o.max_queue;
+  s->engine = engine::make_decode_engine(std::move(m), eo);
+  list_.push_back(std::move(s));
+}
+
+void Specialists::set_router(router::Classifier r) {
+  bool any = false;
+  for (const auto& label : r.labels())
+    for (const auto& s : list_) any |= std::find(s->routes.begin(), s->routes.end(), label) != s->routes.end();
+  if (!any) throw Error("router: none of its labels is answered by a specialist (set \"routes\" in the manifest)");
+  router_ = std::move(r);
+}
+
+Specialist* Specialists::find(const std::string& name) const {
+  for (const auto& s : list_)
+    if (s->name == name) return s.get();
+  return nullptr;
+}
+
+Route Specialists::route(const std::string& text) const {
+  if (!router_) throw Error("no router model is loaded");
+  const auto p = router_->classify(text);
+  std::vector<double> mass(list_.size(), 0.0);
+  double total = 0;
+  for (size_t l = 0; l < p.size(); ++l)
+    for (size_t s = 0; s < list_.size(); ++s)
+      if (std::find(list_[s]->routes.begin(), list_[s]->routes.end(), router_->labels()[l]) != list_[s]->routes.end()) {
+        mass[s] += p[l];
+        total += p[l];
+        break;  // a label counts once, for the first specialist that answers it
+      }
+  Route r;
+  std::vector<size_t> order(list_.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return mass[a] > mass[b]; });
+  r.specialist = order[0];
+  for (size_t i : order) r.probabilities.emplace_back(list_[i]->name, total > 0 ? mass[i] / total : 0.0);
+  return r;
+}
+
+Specialists Specialists::from_manifest(const Ensemble& e, const LoadOptions& o,
+                                       const std::function<void(const std::string&)>& log) {
+  Specialists out;
+  for (const auto& sp : e.specialists) {
+    const std::string who = e.source + ": specialist \"" + sp.name + "\"";
+    if (sp.tokenizer.empty()) throw Error(who + ": no tokenizer (add \"tokenizer\": \"path/to/code.model\")");
+    auto tok = std::make_unique<data::Tokenizer>(data::Tokenizer::load(sp.tokenizer));
+    std::string weights;
+    auto m = load_model(sp.recipe, sp.checkpoint, o, o.seed + out.list_.size(), who, weights);
+    out.add(sp.name, std::move(m), std::move(tok), sp.routes, o, weights);
+    out.list_.back()->description = sp.domain;
+    if (log) {
+      const auto& s = *out.list_.back();
+      log(sp.name + ": " + human_count(s.parameters) + " parameters, " + human_bytes(s.weight_bytes) + " on " +
+          o.device + ", weights " + s.weights + ", tokenizer " + sp.tokenizer);
+    }
+  }
+  if (!e.router.empty()) out.set_router(router::Classifier::load(e.router));
+  return out;
+}
+
+Specialists Specialists::single(const std::string& recipe_path, const std::string& checkpoint,
+                                const std::string& tokenizer, const LoadOptions& o) {
+  const Recipe recipe = load_recipe(recipe_path);
+  Specialists out;
+  std::string weights;
+  auto m = load_model(recipe, checkpoint, o, o.seed, recipe_path, weights);
+  out.add(recipe.name, std::move(m), std::make_unique<data::Tokenizer>(data::Tokenizer::load(tokenizer)), {recipe.name},
+          o, weights);
+  return out;
+}
+
+}  // namespace slm::server

@@ -1,0 +1,52 @@
+#pragma once
+// A micro model with the code tokenizer's 512 ids for the engine and server tests, and an independent greedy
+// reference: the model's own prefill + decode steps with argmax, written out here.
+#include <torch/torch.h>
+
+#include <limits>
+#include <memory>
+#include <vector>
+
+#include "model/model_test_util.h"
+#include "slm/data/tokenizer.h"
+#include "slm/model/hybrid_lm.h"
+
+namespace slm::test {
+
+inline std::shared_ptr<model::HybridLM> serving_model(uint64_t seed, int64_t seq_len = 4096) {
+  auto j = nlohmann::json::parse(R"({
+    "name": "serve-micro", "vocab_size": 512, "d_model": 32, "depth": 2, "pattern": "AE", "seq_len": 128,
+    "attention": {"heads": 2, "kv_heads": 1, "head_dim": 16},
+    "moe": {"routed_experts": 4, "experts_per_token": 2, "expert_hidden": 32}
+  })");
+  j["seq_len"] = seq_len;
+  auto m = std::make_shared<model::HybridLM>(parse_recipe_text(j.dump(), "serve-micro.json"));
+  randomize(*m, seed);
+  m->eval();
+  return m;
+}
+
+inline const data::Tokenizer& code512() {
+  static const data::Tokenizer t = data::Tokenizer::load(source_path("tokenizer/slm-code-512.model"));
+  return t;
+}
+
+// Greedy tokens after `prompt`: argmax over the ids not in `banned`, stopping before any id in `stop`.
+inline std::vector<int64_t> greedy_reference(model::HybridLM& m, const std::vector<int64_t>& prompt, int64_t max_tokens,
+                                             const std::vector<int64_t>& banned, const std::vector<int64_t>& stop) {
+  torch::NoGradGuard ng;
+  auto state = m.new_state(1, static_cast<int64_t>(prompt.size()) + max_tokens);
+  auto logits = m.prefill(torch::tensor(prompt, torch::kLong).unsqueeze(0), state).select(1, prompt.size() - 1);
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < max_tokens; ++i) {
+    auto l = logits.clone();
+    for (int64_t b : banned) l[0][b] = -std::numeric_limits<float>::infinity();
+    const int64_t id = l.argmax(-1).item<int64_t>();
+    if (std::find(stop.begin(), stop.end(), id) != stop.end()) break;
+    out.push_back(id);
+    logits = m.decode(torch::tensor({id}, torch::kLong), state);
+  }
+  return out;
+}
+
+}  // namespace slm::test
