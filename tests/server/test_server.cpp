@@ -191,8 +191,8 @@ TEST_F(ServerTest, StreamedChunksConcatenateToTheWholeAnswer) {
     EXPECT_EQ(streamed->get_header_value("X-SLM-Specialist"), "beta");
     std::string finish;
     EXPECT_EQ(stream_text(streamed->body, is_chat, &finish),
-              is_chat ? wj["choices"][0]["message"]["content"] : wj["choices"][0]["text"]);
-    EXPECT_EQ(finish, wj["choices"][0]["finish_reason"]);
+              (is_chat ? wj["choices"][0]["message"]["content"] : wj["choices"][0]["text"]).get<std::string>());
+    EXPECT_EQ(finish, wj["choices"][0]["finish_reason"].get<std::string>());
     EXPECT_NE(streamed->body.find("\"usage\":{\"completion_tokens\":" + wj["usage"]["completion_tokens"].dump()),
               std::string::npos);
   }
