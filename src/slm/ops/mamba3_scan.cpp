@@ -1,6 +1,8 @@
 #include "slm/ops/mamba3_scan.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
+#include <torch/torch.h>
 
 #include <numbers>
 #include <string>
@@ -8,6 +10,13 @@
 
 #include "slm/util/error.h"
 #include "slm/util/format.h"
+
+#ifdef SLM_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "slm/ops/cuda/mamba3_scan_kernels.h"
+#endif
 
 namespace slm::ops {
 
@@ -26,7 +35,9 @@ at::ScalarType compute_type(const at::Tensor& t) {
   return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
 }
 
-at::Tensor heavy_tail(const at::Tensor& u) { return u.clamp_min(0) + at::reciprocal(1 - u.clamp_max(0)); }
+at::Tensor heavy_tail(const at::Tensor& u) {
+  return u.clamp_min(0) + at::reciprocal(1 - u.clamp_max(0));
+}
 
 // t [B, T, H, R, N] rotated by phase [B, T, H, S] on the pairs of the official kernels, i < S: half-split
 // (i, i + N/2) for MIMO (TileLang), interleaved (2i, 2i+1) for SISO (Triton).
@@ -52,10 +63,13 @@ at::Tensor rank_values(const at::Tensor& x, const at::Tensor& mimo_x) {
 }
 
 // Σ_r v_r k_rᵀ for v [B, H, R, P], k [B, H, R, N] -> [B, H, P, N].
-at::Tensor outer_sum(const at::Tensor& v, const at::Tensor& k) { return v.transpose(-1, -2).matmul(k); }
+at::Tensor outer_sum(const at::Tensor& v, const at::Tensor& k) {
+  return v.transpose(-1, -2).matmul(k);
+}
 
 void check_sequence(const Mamba3Sequence& s, const Mamba3State& st) {
-  if (!s.q.defined() || s.q.dim() != 5) throw Error("mamba3: sequence q must be [B, T, H, R, N], got " + shape_text(s.q));
+  if (!s.q.defined() || s.q.dim() != 5)
+    throw Error("mamba3: sequence q must be [B, T, H, R, N], got " + shape_text(s.q));
   const int64_t b = s.q.size(0), t = s.q.size(1), h = s.q.size(2), r = s.q.size(3), n = s.q.size(4);
   if (t < 1) throw Error("mamba3: the sequence holds no tokens");
   const int64_t p = s.x.defined() && s.x.dim() == 4 ? s.x.size(3) : -1;
@@ -65,8 +79,10 @@ void check_sequence(const Mamba3Sequence& s, const Mamba3State& st) {
   expect_shape(s.gamma, {b, t, h}, "sequence gamma");
   expect_shape(s.eps, {b, t, h}, "sequence eps");
   expect_shape(s.d, {h}, "D");
-  if (s.mimo_x.defined()) expect_shape(s.mimo_x, {h, r, p}, "mimo_x");
-  else if (r != 1) throw Error("mamba3: rank " + std::to_string(r) + " needs mimo_x");
+  if (s.mimo_x.defined())
+    expect_shape(s.mimo_x, {h, r, p}, "mimo_x");
+  else if (r != 1)
+    throw Error("mamba3: rank " + std::to_string(r) + " needs mimo_x");
   expect_shape(st.ssm, {b, h, p, n}, "state ssm");
   expect_shape(st.k, {b, h, r, n}, "state k");
   expect_shape(st.x, {b, h, p}, "state x");
@@ -91,15 +107,18 @@ Mamba3State mamba3_zero_state(int64_t batch, int64_t heads, int64_t headdim, int
           at::zeros({batch, heads, rank, d_state}, options), at::zeros({batch, heads, headdim}, options)};
 }
 
-Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights& w, const at::Tensor& angle0,
-                                 const at::Tensor& start) {
+namespace {
+
+void check_projections(const Mamba3Projections& p, const Mamba3Weights& w, const at::Tensor& angle0,
+                       const at::Tensor& start) {
   if (!p.x.defined() || p.x.dim() != 4) throw Error("mamba3: x must be [B, T, H, P], got " + shape_text(p.x));
   if (!p.b.defined() || p.b.dim() != 5) throw Error("mamba3: B must be [B, T, R, G, N], got " + shape_text(p.b));
   const int64_t bsz = p.x.size(0), t = p.x.size(1), h = p.x.size(2), pd = p.x.size(3);
   const int64_t r = p.b.size(2), g = p.b.size(3), n = p.b.size(4);
   const int64_t s = p.angle.defined() && p.angle.dim() == 3 ? p.angle.size(2) : -1;
   if (t < 1) throw Error("mamba3: the sequence holds no tokens");
-  if (g < 1 || h % g) throw Error("mamba3: " + std::to_string(h) + " heads do not split into " + std::to_string(g) + " groups");
+  if (g < 1 || h % g)
+    throw Error("mamba3: " + std::to_string(h) + " heads do not split into " + std::to_string(g) + " groups");
   if (s < 1 || 2 * s > n)
     throw Error("mamba3: " + std::to_string(s) + " rotary angles do not fit d_state " + std::to_string(n));
   expect_shape(p.c, {bsz, t, r, g, n}, "C");
@@ -115,11 +134,23 @@ Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights
   expect_shape(w.d, {h}, "D");
   expect_shape(angle0, {bsz, h, s}, "angle state");
   if (start.defined()) expect_shape(start, {bsz, t}, "document starts");
-  if (w.mimo_x.defined()) expect_shape(w.mimo_x, {h, r, pd}, "mimo_x");
-  else if (r != 1) throw Error("mamba3: rank " + std::to_string(r) + " needs mimo_x");
+  if (w.mimo_x.defined())
+    expect_shape(w.mimo_x, {h, r, pd}, "mimo_x");
+  else if (r != 1)
+    throw Error("mamba3: rank " + std::to_string(r) + " needs mimo_x");
+}
 
-  const auto ct = compute_type(p.x);
-  Mamba3Sequence out;
+// The per-token scalars of the recurrence and the rotary phase, in compute type ct.
+struct Scalars {
+  at::Tensor a, gamma, eps;  // [B, T, H]
+  at::Tensor phase;          // [B, T, H, S] in [0, 2π)
+  at::Tensor start;          // [B, T] bool, or undefined
+};
+
+Scalars scalars(const Mamba3Projections& p, const Mamba3Weights& w, const at::Tensor& angle0, const at::Tensor& start,
+                at::ScalarType ct) {
+  const int64_t bsz = p.x.size(0), t = p.x.size(1), h = p.x.size(2), s = p.angle.size(2);
+  Scalars out;
   const auto dt = at::softplus(p.dd_dt.to(ct) + w.dt_bias.to(ct));
   const auto lambda = at::sigmoid(p.trap.to(ct));
   out.a = -heavy_tail(p.dd_a.to(ct)).clamp_min(w.a_floor) * dt;
@@ -146,17 +177,42 @@ Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights
     out.eps = out.eps.masked_fill(st.unsqueeze(-1), 0.0);
     out.start = st;
   }
-  phase = phase - kTwoPi * at::floor(phase / kTwoPi);
+  out.phase = phase - kTwoPi * at::floor(phase / kTwoPi);
+  return out;
+}
 
-  auto heads_of = [&](const at::Tensor& bc, const at::Tensor& gain, const at::Tensor& bias) {
-    auto normed = at::rms_norm(bc.to(ct), {n}, gain.to(ct), w.norm_eps);
-    if (g != h) normed = normed.repeat_interleave(h / g, 3);
-    return rotate(normed.permute({0, 1, 3, 2, 4}) + bias.to(ct), phase, w.mimo_x.defined());
-  };
-  out.q = heads_of(p.c, w.c_norm, w.c_bias);
-  out.k = heads_of(p.b, w.b_norm, w.b_bias);
+// RMSNorm_N(bc)·gain [B, T, R, G, N] in compute type ct.
+at::Tensor normed(const at::Tensor& bc, const at::Tensor& gain, const Mamba3Weights& w, at::ScalarType ct) {
+  return at::rms_norm(bc.to(ct), {bc.size(-1)}, gain.to(ct), w.norm_eps);
+}
+
+// Normed B or C [B, T, R, G, N] -> per-head rotated keys or queries [B, T, H, R, N].
+at::Tensor heads_of(const at::Tensor& normed_bc, const at::Tensor& bias, const at::Tensor& phase, int64_t heads,
+                    bool half_split) {
+  auto x = normed_bc;
+  const int64_t g = x.size(3);
+  if (g != heads) x = x.repeat_interleave(heads / g, 3);
+  return rotate(x.permute({0, 1, 3, 2, 4}) + bias.to(x.scalar_type()), phase, half_split);
+}
+
+}  // namespace
+
+Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights& w, const at::Tensor& angle0,
+                                 const at::Tensor& start) {
+  check_projections(p, w, angle0, start);
+  const int64_t t = p.x.size(1), h = p.x.size(2);
+  const auto ct = compute_type(p.x);
+  const Scalars sc = scalars(p, w, angle0, start, ct);
+  Mamba3Sequence out;
+  out.a = sc.a;
+  out.gamma = sc.gamma;
+  out.eps = sc.eps;
+  out.start = sc.start;
+  const bool half_split = w.mimo_x.defined();
+  out.q = heads_of(normed(p.c, w.c_norm, w, ct), w.c_bias, sc.phase, h, half_split);
+  out.k = heads_of(normed(p.b, w.b_norm, w, ct), w.b_bias, sc.phase, h, half_split);
   out.x = p.x.to(ct);
-  out.final_angle = phase.select(1, t - 1);
+  out.final_angle = sc.phase.select(1, t - 1);
   out.mimo_x = w.mimo_x.defined() ? w.mimo_x.to(ct) : w.mimo_x;
   out.d = w.d.to(ct);
   return out;
@@ -179,7 +235,8 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_sequential(const Mamba3Sequence& 
   ys.reserve(t);
   for (int64_t i = 0; i < t; ++i) {
     auto q_i = c.q.select(1, i), k_i = c.k.select(1, i), v_i = v.select(1, i);
-    ssm = alpha.select(1, i) * ssm + beta.select(1, i) * outer_sum(v_prev, k_prev) + gamma.select(1, i) * outer_sum(v_i, k_i);
+    ssm = alpha.select(1, i) * ssm + beta.select(1, i) * outer_sum(v_prev, k_prev) +
+          gamma.select(1, i) * outer_sum(v_i, k_i);
     ys.push_back(q_i.matmul(ssm.transpose(-1, -2)) + d * v_i);
     k_prev = k_i;
     v_prev = v_i;
@@ -210,7 +267,9 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_chunked(const Mamba3Sequence& s, 
   // Token-major [B, T, H, ...] -> head-major chunks [B, H, nc, Q(·R), ...]; padded tokens have zero
   // inputs and zero decay, so they leave both the outputs and the final state untouched.
   auto chunk_rows = [&](const at::Tensor& x5) {  // [B, T, H, R, X] -> [B, H, nc, Q·R, X]
-    return at::constant_pad_nd(x5, {0, 0, 0, 0, 0, 0, 0, pad}).permute({0, 2, 1, 3, 4}).reshape({b, h, nc, qr, x5.size(4)});
+    return at::constant_pad_nd(x5, {0, 0, 0, 0, 0, 0, 0, pad})
+        .permute({0, 2, 1, 3, 4})
+        .reshape({b, h, nc, qr, x5.size(4)});
   };
   auto chunk_scalars = [&](const at::Tensor& x3) {  // [B, T, H] -> [B, H, nc, Q]
     return at::constant_pad_nd(x3, {0, 0, 0, pad}).permute({0, 2, 1}).reshape({b, h, nc, q_len});
@@ -231,8 +290,8 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_chunked(const Mamba3Sequence& s, 
     auto counter = at::cumsum(s.start.to(at::kLong), 1);
     counter = at::cat({counter, counter.narrow(1, t - 1, 1).expand({b, pad})}, 1);
     doc = counter.view({b, 1, nc, q_len});
-    doc_end = doc.select(-1, q_len - 1);                                   // [B, 1, nc]
-    doc_enter = at::constant_pad_nd(doc_end, {1, 0});                     // [B, 1, nc + 1], entering chunk j
+    doc_end = doc.select(-1, q_len - 1);               // [B, 1, nc]
+    doc_enter = at::constant_pad_nd(doc_end, {1, 0});  // [B, 1, nc + 1], entering chunk j
   }
   auto same_doc = [&](const at::Tensor& x, const at::Tensor& y) { return (x == y).to(cum.scalar_type()); };
 
@@ -257,18 +316,19 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_chunked(const Mamba3Sequence& s, 
 
   // Carry across chunks as one matmul: the state entering chunk j (j = nc is the final state) is
   // e^{C_j} H_0 + Σ_{i<j} e^{C_j - C_{i+1}} h_loc_i, with C_j the decay summed over chunks before j.
-  auto totals = last.squeeze(-1);                        // [B, H, nc]
-  auto incl = at::cumsum(totals, -1);                    // C_{i+1}
-  auto excl = at::constant_pad_nd(incl, {1, 0});         // C_j, j = 0..nc
+  auto totals = last.squeeze(-1);                 // [B, H, nc]
+  auto incl = at::cumsum(totals, -1);             // C_{i+1}
+  auto excl = at::constant_pad_nd(incl, {1, 0});  // C_j, j = 0..nc
   auto carry_mask = at::ones({nc + 1, nc}, opts).tril(-1);
   auto carry = at::exp((excl.unsqueeze(-1) - incl.unsqueeze(-2)).clamp_max(0)) * carry_mask;  // [B, H, nc+1, nc]
-  auto from_h0 = at::exp(excl);                                                                 // [B, H, nc+1]
+  auto from_h0 = at::exp(excl);                                                               // [B, H, nc+1]
   if (doc.defined()) {
     carry = carry * same_doc(doc_enter.unsqueeze(-1), doc_end.unsqueeze(-2));
     from_h0 = from_h0 * same_doc(doc_enter, at::zeros_like(doc_enter));
   }
   // H_0 takes the pending β term of the cached token: β_0 = ε_0 α_0, and α_0 is part of every e^{c̄}.
-  auto h0 = c.ssm + c.eps.select(1, 0).unsqueeze(-1).unsqueeze(-1) * outer_sum(rank_values(c.x_prev, c.mimo_x), c.k_prev);
+  auto h0 =
+      c.ssm + c.eps.select(1, 0).unsqueeze(-1).unsqueeze(-1) * outer_sum(rank_values(c.x_prev, c.mimo_x), c.k_prev);
   auto states = carry.matmul(h_loc.reshape({b, h, nc, p * n})) + from_h0.unsqueeze(-1) * h0.reshape({b, h, 1, p * n});
   states = states.view({b, h, nc + 1, p, n});
 
@@ -279,6 +339,163 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_chunked(const Mamba3Sequence& s, 
   y = y.view({b, h, nc * q_len, r, p}).narrow(2, 0, t).permute({0, 2, 1, 3, 4});
   y = y + c.d.view({-1, 1, 1}) * v_tok;
   return {y, {s.final_angle, states.select(2, nc), c.k.select(1, t - 1), c.x.select(1, t - 1)}};
+}
+
+#ifdef SLM_WITH_CUDA
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+const float* ptr_or_null(const at::Tensor& t) {
+  return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr;
+}
+
+void check_launch(const std::string& error) {
+  if (!error.empty()) throw Error(error);
+}
+
+// x [B, T, H, P] and bn [B, T, G, N] give the kernels' shape.
+cuda::Mamba3Shape fused_shape(const at::Tensor& x, const at::Tensor& bn, const at::Tensor& phase) {
+  return {x.size(0), x.size(1), x.size(2), bn.size(2), x.size(3), bn.size(3), phase.size(3)};
+}
+
+cuda::Mamba3ScanInputs scan_inputs(const variable_list& t) {
+  return {t[0].data_ptr<float>(),
+          t[1].data_ptr<float>(),
+          t[2].data_ptr<float>(),
+          t[3].data_ptr<float>(),
+          t[4].data_ptr<float>(),
+          t[5].data_ptr<float>(),
+          t[6].data_ptr<float>(),
+          t[7].data_ptr<float>(),
+          t[8].data_ptr<float>(),
+          t[9].data_ptr<float>(),
+          t[10].numel() > 0 ? t[10].data_ptr<uint8_t>() : nullptr};
+}
+
+// The SISO scan through the fused kernels of ops/cuda/mamba3_scan_kernels.cu, FP32 contiguous inputs:
+// x, bn, cn, b_bias [H, N], c_bias, phase, a, gamma, sigma, d, start (uint8, empty: none), h0 -> y, h_last.
+class FusedScan : public torch::autograd::Function<FusedScan> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bn, const at::Tensor& cn,
+                               const at::Tensor& b_bias, const at::Tensor& c_bias, const at::Tensor& phase,
+                               const at::Tensor& a, const at::Tensor& gamma, const at::Tensor& sigma,
+                               const at::Tensor& d, const at::Tensor& start, const at::Tensor& h0) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const auto s = fused_shape(x, bn, phase);
+    const int64_t chunks = (s.tokens + cuda::mamba3_chunk() - 1) / cuda::mamba3_chunk();
+    // Inside forward grad mode is off, but the inputs still say whether a backward can follow.
+    bool training = false;
+    for (const auto* t : {&x, &bn, &cn, &b_bias, &c_bias, &phase, &a, &gamma, &sigma, &d, &h0})
+      training = training || t->requires_grad();
+    auto y = at::empty_like(x);
+    auto h_last = at::empty_like(h0);
+    auto cps = training ? at::empty({s.batch, s.heads, chunks, s.headdim, s.d_state}, x.options()) : at::Tensor();
+    const variable_list in = {x, bn, cn, b_bias, c_bias, phase, a, gamma, sigma, d, start};
+    check_launch(cuda::mamba3_forward(s, scan_inputs(in), h0.data_ptr<float>(), y.data_ptr<float>(),
+                                      h_last.data_ptr<float>(), training ? cps.data_ptr<float>() : nullptr,
+                                      c10::cuda::getCurrentCUDAStream(x.device().index()).stream()));
+    if (training) ctx->save_for_backward({x, bn, cn, b_bias, c_bias, phase, a, gamma, sigma, d, start, cps});
+    return {y, h_last};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &bn = saved[1], &phase = saved[5], &cps = saved[11];
+    const c10::cuda::CUDAGuard guard(x.device());
+    const auto s = fused_shape(x, bn, phase);
+    const auto dy = grads[0].defined() ? grads[0].to(at::kFloat).contiguous() : at::Tensor();
+    const auto dh_last = grads[1].defined() ? grads[1].to(at::kFloat).contiguous() : at::Tensor();
+    const auto o = x.options();
+    auto dx = at::empty_like(x), dphase = at::empty_like(phase);
+    auto dk_pre = at::empty({s.batch, s.tokens, s.heads, s.d_state}, o), dq_pre = at::empty_like(dk_pre);
+    auto da = at::empty_like(saved[6]), dgamma = at::empty_like(da), dsigma = at::empty_like(da);
+    auto dd = at::zeros({s.heads}, o), dh0 = at::empty({s.batch, s.heads, s.headdim, s.d_state}, o);
+    const cuda::Mamba3ScanGrads g{dx.data_ptr<float>(),     dk_pre.data_ptr<float>(), dq_pre.data_ptr<float>(),
+                                  dphase.data_ptr<float>(), da.data_ptr<float>(),     dgamma.data_ptr<float>(),
+                                  dsigma.data_ptr<float>(), dd.data_ptr<float>(),     dh0.data_ptr<float>()};
+    check_launch(cuda::mamba3_backward(s, scan_inputs(saved), cps.data_ptr<float>(), ptr_or_null(dy),
+                                       ptr_or_null(dh_last), g,
+                                       c10::cuda::getCurrentCUDAStream(x.device().index()).stream()));
+    // Heads share their group's B and C, and every token adds to the biases.
+    auto to_groups = [&](const at::Tensor& t) {
+      return t.view({s.batch, s.tokens, s.groups, s.heads / s.groups, s.d_state}).sum(3);
+    };
+    return {dx,
+            to_groups(dk_pre),
+            to_groups(dq_pre),
+            dk_pre.sum(at::IntArrayRef{0, 1}),
+            dq_pre.sum(at::IntArrayRef{0, 1}),
+            dphase,
+            da,
+            dgamma,
+            dsigma,
+            dd,
+            {},
+            dh0};
+  }
+};
+
+}  // namespace
+#endif
+
+bool mamba3_fused(const Mamba3Projections& p, const Mamba3Weights& w) {
+#ifdef SLM_WITH_CUDA
+  if (!p.x.defined() || !p.x.is_cuda() || p.x.dim() != 4 || p.x.scalar_type() == at::kDouble) return false;
+  if (w.mimo_x.defined() || !p.b.defined() || p.b.dim() != 5 || p.b.size(2) != 1) return false;
+  if (!p.angle.defined() || p.angle.dim() != 3) return false;
+  return cuda::mamba3_supported(p.x.size(3), p.b.size(4), p.angle.size(2));
+#else
+  (void)p, (void)w;
+  return false;
+#endif
+}
+
+std::pair<at::Tensor, Mamba3State> mamba3_scan_fused(const Mamba3Projections& p, const Mamba3Weights& w,
+                                                     const Mamba3State& state, const at::Tensor& start) {
+  check_projections(p, w, state.angle, start);
+  if (!mamba3_fused(p, w))
+    throw Error(
+        "mamba3: the fused scan does not take this layer (CUDA, SISO, FP32/BF16, "
+        "headdim 32/64, d_state 32/64/128)");
+#ifdef SLM_WITH_CUDA
+  const int64_t b = p.x.size(0), t = p.x.size(1), h = p.x.size(2), pd = p.x.size(3), g = p.b.size(3), n = p.b.size(4);
+  expect_shape(state.ssm, {b, h, pd, n}, "state ssm");
+  expect_shape(state.k, {b, h, 1, n}, "state k");
+  expect_shape(state.x, {b, h, pd}, "state x");
+  // The kernels have their own backward in FP32: autocast stays off inside, like the reference's compute type.
+  const bool autocast = at::autocast::is_autocast_enabled(at::kCUDA);
+  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  try {
+    const auto f32 = at::kFloat;
+    auto c = [](const at::Tensor& x) { return x.to(at::kFloat).contiguous(); };
+    const Scalars sc = scalars(p, w, state.angle, start, f32);
+    const auto bn = normed(p.b, w.b_norm, w, f32), cn = normed(p.c, w.c_norm, w, f32);
+    // σ_t = γ_t + ε_{t+1}; the last token's ε_{t+1} belongs to the next call (via the state's pending term).
+    const auto sigma = sc.gamma + at::constant_pad_nd(sc.eps.narrow(1, 1, t - 1), {0, 0, 0, 1});
+    // H_0 takes the pending β term of the cached token, as in mamba3_scan_chunked.
+    const auto h0 = state.ssm.to(f32) + sc.eps.select(1, 0).unsqueeze(-1).unsqueeze(-1) *
+                                            outer_sum(state.x.to(f32).unsqueeze(2), state.k.to(f32));
+    const auto st =
+        sc.start.defined() ? sc.start.to(at::kByte).contiguous() : at::empty({0}, p.x.options().dtype(at::kByte));
+    const auto x = c(p.x);
+    auto out =
+        FusedScan::apply(x, bn.view({b, t, g, n}).contiguous(), cn.view({b, t, g, n}).contiguous(),
+                         c(w.b_bias.view({h, n})), c(w.c_bias.view({h, n})), sc.phase.contiguous(), sc.a.contiguous(),
+                         sc.gamma.contiguous(), sigma.contiguous(), c(w.d), st, h0.contiguous());
+    const auto last_phase = sc.phase.narrow(1, t - 1, 1);
+    auto k_last = heads_of(bn.narrow(1, t - 1, 1), w.b_bias, last_phase, h, false).select(1, 0);
+    at::autocast::set_autocast_enabled(at::kCUDA, autocast);
+    return {out[0].unsqueeze(3), {sc.phase.select(1, t - 1), out[1], k_last, x.select(1, t - 1)}};
+  } catch (...) {
+    at::autocast::set_autocast_enabled(at::kCUDA, autocast);
+    throw;
+  }
+#else
+  (void)state;
+  return {};
+#endif
 }
 
 at::Tensor mamba3_gate(const at::Tensor& y, const at::Tensor& z, const at::Tensor& mimo_z, const at::Tensor& mimo_o,

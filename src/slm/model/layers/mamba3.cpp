@@ -77,8 +77,11 @@ std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tens
                            parts[5],
                            parts[6],
                            parts[7]};
-  auto seq = ops::mamba3_preprocess(p, weights(), state.angle, start);
-  auto [y, next] = t == 1 ? ops::mamba3_step(seq, state) : ops::mamba3_scan_chunked(seq, state, chunk_size);
+  const auto w = weights();
+  auto [y, next] = t > 1 && ops::mamba3_fused(p, w) ? ops::mamba3_scan_fused(p, w, state, start) : [&] {
+    auto seq = ops::mamba3_preprocess(p, w, state.angle, start);
+    return t == 1 ? ops::mamba3_step(seq, state) : ops::mamba3_scan_chunked(seq, state, chunk_size);
+  }();
   auto z = parts[0].view({b, t, heads, headdim});
   auto o = ops::mamba3_gate(y, z, mimo_z, mimo_o, out_norm ? out_norm->weight : torch::Tensor(), kMamba3NormEps);
   return {out_proj(o.to(h.scalar_type())), next};

@@ -1,0 +1,563 @@
+// Fused Mamba-3 SISO chunked scan on sm_90: one CTA per (batch row, head) walks the sequence in chunks of 32 tokens
+// with the head's P×N state in registers.
+//
+// Why this shape: the libtorch chunked form (ops/mamba3_scan.cpp) is a few batched matmuls between long chains of
+// elementwise kernels on FP32 temporaries ([B, T, H, N] rotated keys broadcast from the groups, [B, H, chunks, Q, Q]
+// decay masks), which is where the layer's time went. Here the keys are built in shared memory from the groups' normed
+// B/C (bias and rotation applied on the fly), every temporary is chunk-sized, and nothing but the outputs, the
+// gradients and one state per chunk touches global memory.
+//
+// Per chunk (tokens t, s in [0, 32); scalars by one warp, lane = token, the decay sums as warp scans):
+//   cum_t = Σ_{u≤t} a_u;  cnt_t = documents started in the chunk up to t (M[t,s] = [cnt_t == cnt_s]: no start in
+//   (s, t]);  L[t,s] = σ_s e^{cum_t - cum_s} M[t,s] (s < t), L[t,t] = γ_t;  e_t = e^{cum_t} [cnt_t == 0];
+//   w_s = σ_s e^{cum_31 - cum_s} M[31,s];  E = e^{cum_31} [cnt_31 == 0]
+//   y_t = Σ_{s≤t} L[t,s] (q_t·k_s) v_s + e_t H q_t + D v_t,       H ← E H + Σ_s w_s v_s k_sᵀ
+// which is the reference's recurrence S_t = α_t S_{t-1} + β_t v_{t-1}k_{t-1}ᵀ + γ_t v_t k_tᵀ regrouped (σ_s = γ_s +
+// ε_{s+1} collects both terms that v_s k_sᵀ enters with). Thread (p, slice) owns row p of H over N / slices columns.
+//
+// Backward: the chunks in reverse from the saved chunk states, dH in registers (and shared memory, for the products
+// that sum over rows), the exact gradients of the expressions above, the rotation undone per pair. All FP32.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "slm/ops/cuda/mamba3_scan_kernels.h"
+
+namespace slm::ops::cuda {
+
+namespace {
+
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kQ = 32;       // tokens per chunk: one warp's lanes, so the chunk's decay sums are warp scans
+constexpr int kQS = kQ + 1;  // row stride of the chunk's Q×Q tables (column reads stay conflict-free)
+constexpr int kThreads = 256;
+
+struct Dims {
+  int T, H, G, S, nc;
+};
+
+// Thread layouts for a head of P×N. State layout: thread (p = tid / SL, sl = tid % SL) owns row p, columns
+// col(jj, sl) + 0..3 for jj < G4 (float4 groups interleaved over the slices, so a warp's 128-bit reads of one token's
+// row hit consecutive addresses). Token layout: 8 threads per token, float4 groups (jj * 8 + ng) * 4, jj < N / 32.
+template <int P, int N>
+struct Layout {
+  static constexpr int SL = kThreads / P;
+  static constexpr int CW = N / SL;
+  static constexpr int G4 = CW / 4;
+  static constexpr int NG = N / 32;
+  static constexpr int NS = N + 4;  // row stride of q, k, H, dH in shared memory
+  static constexpr int PS = P + 8;  // row stride of v, dy
+  static_assert(P * SL == kThreads && CW % 4 == 0 && N % 32 == 0, "unsupported Mamba-3 head shape");
+  __device__ static int col(int jj, int sl) { return (jj * SL + sl) * 4; }
+  __device__ static int tcol(int jj, int ng) { return (jj * 8 + ng) * 4; }
+};
+
+struct ChunkScalars {
+  float cum[kQ], sig[kQ], gam[kQ], ein[kQ], wend[kQ];
+  int cnt[kQ];
+  float E, cum_last;
+  int cnt_last;
+};
+
+// Warp 0 (lane = token of the chunk) fills the chunk's scalars; tokens past T read as a = γ = σ = 0, no start.
+__device__ void chunk_scalars(ChunkScalars& cs, const Mamba3ScanInputs& in, const Dims& d, int b, int h, int t0,
+                              int lane) {
+  const int t = t0 + lane;
+  const bool valid = t < d.T;
+  const int64_t i = (static_cast<int64_t>(b) * d.T + t) * d.H + h;
+  float cum = valid ? in.a[i] : 0.f;
+  const float gam = valid ? in.gamma[i] : 0.f, sig = valid ? in.sigma[i] : 0.f;
+  int cnt = valid && in.start && in.start[static_cast<int64_t>(b) * d.T + t] ? 1 : 0;
+#pragma unroll
+  for (int o = 1; o < kQ; o <<= 1) {
+    const float u = __shfl_up_sync(kFullMask, cum, o);
+    const int c = __shfl_up_sync(kFullMask, cnt, o);
+    if (lane >= o) cum += u, cnt += c;
+  }
+  const float cl = __shfl_sync(kFullMask, cum, kQ - 1);
+  const int nl = __shfl_sync(kFullMask, cnt, kQ - 1);
+  cs.cum[lane] = cum;
+  cs.cnt[lane] = cnt;
+  cs.sig[lane] = sig;
+  cs.gam[lane] = gam;
+  cs.ein[lane] = cnt == 0 ? expf(cum) : 0.f;
+  cs.wend[lane] = cnt == nl ? sig * expf(cl - cum) : 0.f;
+  if (lane == 0) {
+    cs.E = nl == 0 ? expf(cl) : 0.f;
+    cs.cum_last = cl;
+    cs.cnt_last = nl;
+  }
+}
+
+// L[t, s]: the weight of v_s k_sᵀ in the state read by token t, within the chunk.
+__device__ __forceinline__ float lcoef(const ChunkScalars& cs, int t, int s) {
+  if (s == t) return cs.gam[t];
+  if (s > t || cs.cnt[t] != cs.cnt[s]) return 0.f;
+  return cs.sig[s] * expf(cs.cum[t] - cs.cum[s]);
+}
+
+// The chunk's rotated keys k̃ (from B) and queries q̃ (from C), and its values, into shared memory; zeros past T.
+template <int P, int N>
+__device__ void load_chunk(float* qs, float* ks, float* vs, const Mamba3ScanInputs& in, const Dims& d, int b, int h,
+                           int t0, int tid) {
+  using L = Layout<P, N>;
+  const int g = h / (d.H / d.G);
+  for (int idx = tid; idx < kQ * N / 2; idx += kThreads) {
+    const int t = idx / (N / 2), i = idx % (N / 2), tok = t0 + t;
+    float2 kk = {0.f, 0.f}, qq = {0.f, 0.f};
+    if (tok < d.T) {
+      const int64_t row = (static_cast<int64_t>(b) * d.T + tok) * d.G + g;
+      const float2 bn = *reinterpret_cast<const float2*>(in.bn + row * N + 2 * i);
+      const float2 cn = *reinterpret_cast<const float2*>(in.cn + row * N + 2 * i);
+      const float2 bb = *reinterpret_cast<const float2*>(in.b_bias + static_cast<int64_t>(h) * N + 2 * i);
+      const float2 cb = *reinterpret_cast<const float2*>(in.c_bias + static_cast<int64_t>(h) * N + 2 * i);
+      kk = {bn.x + bb.x, bn.y + bb.y};
+      qq = {cn.x + cb.x, cn.y + cb.y};
+      if (i < d.S) {
+        float sn, cs;
+        sincosf(in.phase[((static_cast<int64_t>(b) * d.T + tok) * d.H + h) * d.S + i], &sn, &cs);
+        kk = {kk.x * cs - kk.y * sn, kk.x * sn + kk.y * cs};
+        qq = {qq.x * cs - qq.y * sn, qq.x * sn + qq.y * cs};
+      }
+    }
+    *reinterpret_cast<float2*>(ks + t * L::NS + 2 * i) = kk;
+    *reinterpret_cast<float2*>(qs + t * L::NS + 2 * i) = qq;
+  }
+  for (int idx = tid; idx < kQ * P; idx += kThreads) {
+    const int t = idx / P, p = idx % P, tok = t0 + t;
+    vs[t * L::PS + p] = tok < d.T ? in.x[((static_cast<int64_t>(b) * d.T + tok) * d.H + h) * P + p] : 0.f;
+  }
+}
+
+template <int P>
+__device__ void load_rows(float* dst, const float* src, const Dims& d, int b, int h, int t0, int tid) {
+  constexpr int PS = P + 8;
+  for (int idx = tid; idx < kQ * P; idx += kThreads) {
+    const int t = idx / P, p = idx % P, tok = t0 + t;
+    dst[t * PS + p] = src && tok < d.T ? src[((static_cast<int64_t>(b) * d.T + tok) * d.H + h) * P + p] : 0.f;
+  }
+}
+
+__device__ __forceinline__ float dot4(float4 a, float4 b) {
+  return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+}
+
+template <int P, int N>
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(Dims d, Mamba3ScanInputs in, const float* h0, float* y, float* h_last, float* cps) {
+  using L = Layout<P, N>;
+  extern __shared__ float4 smem4[];
+  float* qs = reinterpret_cast<float*>(smem4);
+  float* ks = qs + kQ * L::NS;
+  float* vs = ks + kQ * L::NS;
+  float* as = vs + kQ * L::PS;  // [kQ][kQS] L ∘ (q kᵀ)
+  __shared__ ChunkScalars cs;
+  const int bh = blockIdx.x, b = bh / d.H, h = bh % d.H, tid = threadIdx.x, p = tid / L::SL, sl = tid % L::SL;
+  const float dh = in.d[h];
+  float st[L::CW];
+  const int64_t row = static_cast<int64_t>(bh) * P * N + static_cast<int64_t>(p) * N;
+#pragma unroll
+  for (int jj = 0; jj < L::G4; ++jj) {
+    const float4 v = h0 ? *reinterpret_cast<const float4*>(h0 + row + L::col(jj, sl)) : make_float4(0, 0, 0, 0);
+    st[4 * jj] = v.x, st[4 * jj + 1] = v.y, st[4 * jj + 2] = v.z, st[4 * jj + 3] = v.w;
+  }
+  for (int c = 0; c < d.nc; ++c) {
+    const int t0 = c * kQ;
+    if (cps) {
+      float* dst = cps + (static_cast<int64_t>(bh) * d.nc + c) * P * N + static_cast<int64_t>(p) * N;
+#pragma unroll
+      for (int jj = 0; jj < L::G4; ++jj)
+        *reinterpret_cast<float4*>(dst + L::col(jj, sl)) =
+            make_float4(st[4 * jj], st[4 * jj + 1], st[4 * jj + 2], st[4 * jj + 3]);
+    }
+    load_chunk<P, N>(qs, ks, vs, in, d, b, h, t0, tid);
+    if (tid < 32) chunk_scalars(cs, in, d, b, h, t0, tid);
+    __syncthreads();
+    {
+      const int t = tid / 8, sb = tid % 8;
+      const float4* qrow = reinterpret_cast<const float4*>(qs + t * L::NS);
+#pragma unroll
+      for (int i = 0; i < kQ / 8; ++i) {
+        const int s = sb + 8 * i;
+        float v = 0.f;
+        if (s <= t) {
+          const float4* krow = reinterpret_cast<const float4*>(ks + s * L::NS);
+          for (int n4 = 0; n4 < N / 4; ++n4) v += dot4(qrow[n4], krow[n4]);
+          v *= lcoef(cs, t, s);
+        }
+        as[t * kQS + s] = v;
+      }
+    }
+    __syncthreads();
+    for (int t = 0; t < kQ; ++t) {
+      float acc = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < L::G4; ++jj) {
+        const float4 qv = *reinterpret_cast<const float4*>(qs + t * L::NS + L::col(jj, sl));
+        acc += st[4 * jj] * qv.x + st[4 * jj + 1] * qv.y + st[4 * jj + 2] * qv.z + st[4 * jj + 3] * qv.w;
+      }
+      acc *= cs.ein[t];
+      for (int s = sl; s <= t; s += L::SL) acc += as[t * kQS + s] * vs[s * L::PS + p];
+#pragma unroll
+      for (int o = L::SL / 2; o >= 1; o >>= 1) acc += __shfl_xor_sync(kFullMask, acc, o);
+      if (sl == t % L::SL && t0 + t < d.T)
+        y[((static_cast<int64_t>(b) * d.T + t0 + t) * d.H + h) * P + p] = acc + dh * vs[t * L::PS + p];
+    }
+    const float E = cs.E;
+#pragma unroll
+    for (int i = 0; i < L::CW; ++i) st[i] *= E;
+    for (int s = 0; s < kQ; ++s) {
+      const float coef = cs.wend[s] * vs[s * L::PS + p];
+#pragma unroll
+      for (int jj = 0; jj < L::G4; ++jj) {
+        const float4 kv = *reinterpret_cast<const float4*>(ks + s * L::NS + L::col(jj, sl));
+        st[4 * jj] += coef * kv.x, st[4 * jj + 1] += coef * kv.y, st[4 * jj + 2] += coef * kv.z,
+            st[4 * jj + 3] += coef * kv.w;
+      }
+    }
+    __syncthreads();  // the next chunk's loads overwrite what this one read
+  }
+  if (h_last) {
+#pragma unroll
+    for (int jj = 0; jj < L::G4; ++jj)
+      *reinterpret_cast<float4*>(h_last + row + L::col(jj, sl)) =
+          make_float4(st[4 * jj], st[4 * jj + 1], st[4 * jj + 2], st[4 * jj + 3]);
+  }
+}
+
+template <int P, int N>
+__global__ void __launch_bounds__(kThreads) backward_kernel(Dims d, Mamba3ScanInputs in, const float* cps,
+                                                            const float* dy, const float* dh_last, Mamba3ScanGrads gr) {
+  using L = Layout<P, N>;
+  extern __shared__ float4 smem4[];
+  float* qs = reinterpret_cast<float*>(smem4);
+  float* ks = qs + kQ * L::NS;
+  float* hc = ks + kQ * L::NS;  // [P][NS] the state entering the chunk
+  float* gs = hc + P * L::NS;   // [P][NS] dH, the gradient of the state leaving the chunk
+  float* vs = gs + P * L::NS;
+  float* dys = vs + kQ * L::PS;
+  float* ssc = dys + kQ * L::PS;  // [kQ][kQS] q_t·k_s
+  float* wsc = ssc + kQ * kQS;    // [kQ][kQS] dy_t·v_s
+  float* lc = wsc + kQ * kQS;     // [kQ][kQS] L[t, s]
+  __shared__ ChunkScalars cs;
+  __shared__ float de[kQ], dw[kQ], dew[kThreads / 32], ddw[kThreads / 32];
+  const int bh = blockIdx.x, b = bh / d.H, h = bh % d.H, tid = threadIdx.x, p = tid / L::SL, sl = tid % L::SL;
+  const int lane = tid % 32, warp = tid / 32;
+  const float dh = in.d[h];
+  float g[L::CW];
+  const int64_t row = static_cast<int64_t>(bh) * P * N + static_cast<int64_t>(p) * N;
+#pragma unroll
+  for (int jj = 0; jj < L::G4; ++jj) {
+    const float4 v =
+        dh_last ? *reinterpret_cast<const float4*>(dh_last + row + L::col(jj, sl)) : make_float4(0, 0, 0, 0);
+    g[4 * jj] = v.x, g[4 * jj + 1] = v.y, g[4 * jj + 2] = v.z, g[4 * jj + 3] = v.w;
+  }
+  float dd_acc = 0.f;
+  for (int c = d.nc - 1; c >= 0; --c) {
+    const int t0 = c * kQ;
+#pragma unroll
+    for (int jj = 0; jj < L::G4; ++jj)
+      *reinterpret_cast<float4*>(gs + p * L::NS + L::col(jj, sl)) =
+          make_float4(g[4 * jj], g[4 * jj + 1], g[4 * jj + 2], g[4 * jj + 3]);
+    load_chunk<P, N>(qs, ks, vs, in, d, b, h, t0, tid);
+    load_rows<P>(dys, dy, d, b, h, t0, tid);
+    {
+      const float4* src = reinterpret_cast<const float4*>(cps + (static_cast<int64_t>(bh) * d.nc + c) * P * N);
+      for (int idx = tid; idx < P * N / 4; idx += kThreads) {
+        const int pp = idx / (N / 4), n4 = idx % (N / 4);
+        *reinterpret_cast<float4*>(hc + pp * L::NS + 4 * n4) = src[idx];
+      }
+    }
+    if (tid < 32) chunk_scalars(cs, in, d, b, h, t0, tid);
+    __syncthreads();
+
+    // The chunk's Q×Q tables, and <dH, H_c> (the gradient of E).
+    {
+      const int t = tid / 8, sb = tid % 8;
+      const float4* qrow = reinterpret_cast<const float4*>(qs + t * L::NS);
+      const float* dyrow = dys + t * L::PS;
+#pragma unroll
+      for (int i = 0; i < kQ / 8; ++i) {
+        const int s = sb + 8 * i;
+        float sv = 0.f, wv = 0.f;
+        if (s <= t) {
+          const float4* krow = reinterpret_cast<const float4*>(ks + s * L::NS);
+          for (int n4 = 0; n4 < N / 4; ++n4) sv += dot4(qrow[n4], krow[n4]);
+          const float* vrow = vs + s * L::PS;
+          for (int pp = 0; pp < P; ++pp) wv += dyrow[pp] * vrow[pp];
+        }
+        ssc[t * kQS + s] = sv;
+        wsc[t * kQS + s] = wv;
+        lc[t * kQS + s] = lcoef(cs, t, s);
+      }
+      float e_part = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < L::G4; ++jj) {
+        const float4 hv = *reinterpret_cast<const float4*>(hc + p * L::NS + L::col(jj, sl));
+        e_part += g[4 * jj] * hv.x + g[4 * jj + 1] * hv.y + g[4 * jj + 2] * hv.z + g[4 * jj + 3] * hv.w;
+      }
+#pragma unroll
+      for (int o = 16; o >= 1; o >>= 1) e_part += __shfl_xor_sync(kFullMask, e_part, o);
+      if (lane == 0) dew[warp] = e_part;
+    }
+    __syncthreads();
+
+    // Token layout: dq̃_t and dk̃_t (thread's token t = tid / 8 plays both roles), then the rotation undone.
+    {
+      const int t = tid / 8, ng = tid % 8, tok = t0 + t;
+      float dq[4 * L::NG] = {}, dk[4 * L::NG] = {}, u[4 * L::NG] = {}, z[4 * L::NG] = {};
+      for (int s = 0; s <= t; ++s) {
+        const float coef = lc[t * kQS + s] * wsc[t * kQS + s];
+#pragma unroll
+        for (int jj = 0; jj < L::NG; ++jj) {
+          const float4 kv = *reinterpret_cast<const float4*>(ks + s * L::NS + L::tcol(jj, ng));
+          dq[4 * jj] += coef * kv.x, dq[4 * jj + 1] += coef * kv.y, dq[4 * jj + 2] += coef * kv.z,
+              dq[4 * jj + 3] += coef * kv.w;
+        }
+      }
+      for (int tt = t; tt < kQ; ++tt) {
+        const float coef = lc[tt * kQS + t] * wsc[tt * kQS + t];
+#pragma unroll
+        for (int jj = 0; jj < L::NG; ++jj) {
+          const float4 qv = *reinterpret_cast<const float4*>(qs + tt * L::NS + L::tcol(jj, ng));
+          dk[4 * jj] += coef * qv.x, dk[4 * jj + 1] += coef * qv.y, dk[4 * jj + 2] += coef * qv.z,
+              dk[4 * jj + 3] += coef * qv.w;
+        }
+      }
+      for (int pp = 0; pp < P; ++pp) {
+        const float dyv = dys[t * L::PS + pp], vv = vs[t * L::PS + pp];
+#pragma unroll
+        for (int jj = 0; jj < L::NG; ++jj) {
+          const float4 hv = *reinterpret_cast<const float4*>(hc + pp * L::NS + L::tcol(jj, ng));
+          const float4 gv = *reinterpret_cast<const float4*>(gs + pp * L::NS + L::tcol(jj, ng));
+          u[4 * jj] += dyv * hv.x, u[4 * jj + 1] += dyv * hv.y, u[4 * jj + 2] += dyv * hv.z,
+              u[4 * jj + 3] += dyv * hv.w;
+          z[4 * jj] += vv * gv.x, z[4 * jj + 1] += vv * gv.y, z[4 * jj + 2] += vv * gv.z, z[4 * jj + 3] += vv * gv.w;
+        }
+      }
+      float de_part = 0.f, dw_part = 0.f;
+      const float ein = cs.ein[t], wend = cs.wend[t];
+#pragma unroll
+      for (int jj = 0; jj < L::NG; ++jj) {
+        const float4 qv = *reinterpret_cast<const float4*>(qs + t * L::NS + L::tcol(jj, ng));
+        const float4 kv = *reinterpret_cast<const float4*>(ks + t * L::NS + L::tcol(jj, ng));
+        de_part += dot4(qv, make_float4(u[4 * jj], u[4 * jj + 1], u[4 * jj + 2], u[4 * jj + 3]));
+        dw_part += dot4(kv, make_float4(z[4 * jj], z[4 * jj + 1], z[4 * jj + 2], z[4 * jj + 3]));
+      }
+#pragma unroll
+      for (int o = 4; o >= 1; o >>= 1) {
+        de_part += __shfl_xor_sync(kFullMask, de_part, o);
+        dw_part += __shfl_xor_sync(kFullMask, dw_part, o);
+      }
+      if (ng == 0) de[t] = de_part, dw[t] = dw_part;
+      if (tok < d.T) {
+        const int64_t base = (static_cast<int64_t>(b) * d.T + tok) * d.H + h;
+#pragma unroll
+        for (int jj = 0; jj < L::NG; ++jj) {
+          const int n0 = L::tcol(jj, ng);
+          const float* qv = qs + t * L::NS + n0;
+          const float* kv = ks + t * L::NS + n0;
+          float oq[4], ok[4];
+#pragma unroll
+          for (int e = 0; e < 4; e += 2) {
+            const float dq0 = dq[4 * jj + e] + ein * u[4 * jj + e], dq1 = dq[4 * jj + e + 1] + ein * u[4 * jj + e + 1];
+            const float dk0 = dk[4 * jj + e] + wend * z[4 * jj + e],
+                        dk1 = dk[4 * jj + e + 1] + wend * z[4 * jj + e + 1];
+            const int i = (n0 + e) / 2;
+            if (i < d.S) {
+              // Rotation by φ: r = (u cos - v sin, u sin + v cos); dr/dφ = (-r1, r0); d(u, v) = Rᵀ dr.
+              gr.dphase[base * d.S + i] = -dq0 * qv[e + 1] + dq1 * qv[e] - dk0 * kv[e + 1] + dk1 * kv[e];
+              float sn, co;
+              sincosf(in.phase[base * d.S + i], &sn, &co);
+              oq[e] = dq0 * co + dq1 * sn, oq[e + 1] = -dq0 * sn + dq1 * co;
+              ok[e] = dk0 * co + dk1 * sn, ok[e + 1] = -dk0 * sn + dk1 * co;
+            } else {
+              oq[e] = dq0, oq[e + 1] = dq1, ok[e] = dk0, ok[e + 1] = dk1;
+            }
+          }
+          *reinterpret_cast<float4*>(gr.dq_pre + base * N + n0) = make_float4(oq[0], oq[1], oq[2], oq[3]);
+          *reinterpret_cast<float4*>(gr.dk_pre + base * N + n0) = make_float4(ok[0], ok[1], ok[2], ok[3]);
+        }
+      }
+    }
+    // Value layout: dv_s (= dx_s, SISO).
+    {
+      const int s = tid / 8, pg = tid % 8, tok = t0 + s;
+      const float wend = cs.wend[s];
+      for (int i = 0; i < P / 8; ++i) {
+        const int pp = pg + 8 * i;
+        float acc = 0.f;
+        for (int tt = s; tt < kQ; ++tt) acc += lc[tt * kQS + s] * ssc[tt * kQS + s] * dys[tt * L::PS + pp];
+        float gk = 0.f;
+        const float4* grow = reinterpret_cast<const float4*>(gs + pp * L::NS);
+        const float4* krow = reinterpret_cast<const float4*>(ks + s * L::NS);
+        for (int n4 = 0; n4 < N / 4; ++n4) gk += dot4(grow[n4], krow[n4]);
+        const float dyv = dys[s * L::PS + pp];
+        if (tok < d.T) gr.dx[((static_cast<int64_t>(b) * d.T + tok) * d.H + h) * P + pp] = acc + wend * gk + dh * dyv;
+        dd_acc += dyv * vs[s * L::PS + pp];
+      }
+    }
+    __syncthreads();
+
+    // The chunk's scalar gradients (warp 0, lane = token), while every thread carries dH into the previous chunk.
+    if (warp == 0) {
+      const int j = lane, tok = t0 + j;
+      float rowsum = 0.f, colsum = 0.f, dsig = 0.f;
+      for (int s = 0; s < j; ++s) rowsum += ssc[j * kQS + s] * wsc[j * kQS + s] * lc[j * kQS + s];
+      for (int tt = j + 1; tt < kQ; ++tt) {
+        const float dl = ssc[tt * kQS + j] * wsc[tt * kQS + j];
+        colsum += dl * lc[tt * kQS + j];
+        if (cs.cnt[tt] == cs.cnt[j]) dsig += dl * expf(cs.cum[tt] - cs.cum[j]);
+      }
+      const float dgam = ssc[j * kQS + j] * wsc[j * kQS + j];
+      const float dwv = dw[j], wend = cs.wend[j];
+      if (cs.cnt[j] == cs.cnt_last) dsig += dwv * expf(cs.cum_last - cs.cum[j]);
+      float dcum = rowsum - colsum + de[j] * cs.ein[j] - dwv * wend;
+      float to_last = dwv * wend;
+#pragma unroll
+      for (int o = 16; o >= 1; o >>= 1) to_last += __shfl_xor_sync(kFullMask, to_last, o);
+      if (j == kQ - 1) {
+        float dE = 0.f;
+#pragma unroll
+        for (int w = 0; w < kThreads / 32; ++w) dE += dew[w];
+        dcum += to_last + dE * cs.E;
+      }
+#pragma unroll
+      for (int o = 1; o < kQ; o <<= 1) {  // da_j = Σ_{u ≥ j} dcum_u
+        const float v = __shfl_down_sync(kFullMask, dcum, o);
+        if (j + o < kQ) dcum += v;
+      }
+      if (tok < d.T) {
+        const int64_t i = (static_cast<int64_t>(b) * d.T + tok) * d.H + h;
+        gr.da[i] = dcum;
+        gr.dgamma[i] = dgam;
+        gr.dsigma[i] = dsig;
+      }
+    }
+    const float E = cs.E;
+#pragma unroll
+    for (int i = 0; i < L::CW; ++i) g[i] *= E;
+    for (int t = 0; t < kQ; ++t) {
+      const float coef = cs.ein[t] * dys[t * L::PS + p];
+#pragma unroll
+      for (int jj = 0; jj < L::G4; ++jj) {
+        const float4 qv = *reinterpret_cast<const float4*>(qs + t * L::NS + L::col(jj, sl));
+        g[4 * jj] += coef * qv.x, g[4 * jj + 1] += coef * qv.y, g[4 * jj + 2] += coef * qv.z,
+            g[4 * jj + 3] += coef * qv.w;
+      }
+    }
+    __syncthreads();
+  }
+  if (gr.dh0) {
+#pragma unroll
+    for (int jj = 0; jj < L::G4; ++jj)
+      *reinterpret_cast<float4*>(gr.dh0 + row + L::col(jj, sl)) =
+          make_float4(g[4 * jj], g[4 * jj + 1], g[4 * jj + 2], g[4 * jj + 3]);
+  }
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) dd_acc += __shfl_xor_sync(kFullMask, dd_acc, o);
+  if (lane == 0) ddw[warp] = dd_acc;
+  __syncthreads();
+  if (tid == 0) {
+    float sum = 0.f;
+    for (int w = 0; w < kThreads / 32; ++w) sum += ddw[w];
+    atomicAdd(gr.dd + h, sum);  // the batch rows of a head meet here
+  }
+}
+
+template <int P, int N>
+int64_t forward_smem() {
+  using L = Layout<P, N>;
+  return 4 * (2 * kQ * L::NS + kQ * L::PS + kQ * kQS);
+}
+
+template <int P, int N>
+int64_t backward_smem() {
+  using L = Layout<P, N>;
+  return 4 * (2 * kQ * L::NS + 2 * P * L::NS + 2 * kQ * L::PS + 3 * kQ * kQS);
+}
+
+std::string launch_error(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? std::string() : std::string(what) + ": " + cudaGetErrorString(e);
+}
+
+template <typename Kernel>
+std::string prepare(Kernel kernel, int64_t smem) {
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) != cudaSuccess)
+    return launch_error("mamba3: cudaFuncSetAttribute");
+  return {};
+}
+
+Dims dims(const Mamba3Shape& s) {
+  return {static_cast<int>(s.tokens), static_cast<int>(s.heads), static_cast<int>(s.groups), static_cast<int>(s.angles),
+          static_cast<int>((s.tokens + kQ - 1) / kQ)};
+}
+
+template <int P, int N>
+std::string forward_pn(const Mamba3Shape& s, const Mamba3ScanInputs& in, const float* h0, float* y, float* h_last,
+                       float* cps, cudaStream_t stream) {
+  const int64_t smem = forward_smem<P, N>();
+  if (auto e = prepare(forward_kernel<P, N>, smem); !e.empty()) return e;
+  forward_kernel<P, N>
+      <<<static_cast<unsigned>(s.batch * s.heads), kThreads, smem, stream>>>(dims(s), in, h0, y, h_last, cps);
+  return launch_error("mamba3 forward");
+}
+
+template <int P, int N>
+std::string backward_pn(const Mamba3Shape& s, const Mamba3ScanInputs& in, const float* cps, const float* dy,
+                        const float* dh_last, const Mamba3ScanGrads& g, cudaStream_t stream) {
+  const int64_t smem = backward_smem<P, N>();
+  if (auto e = prepare(backward_kernel<P, N>, smem); !e.empty()) return e;
+  backward_kernel<P, N>
+      <<<static_cast<unsigned>(s.batch * s.heads), kThreads, smem, stream>>>(dims(s), in, cps, dy, dh_last, g);
+  return launch_error("mamba3 backward");
+}
+
+std::string check(const Mamba3Shape& s) {
+  if (!mamba3_supported(s.headdim, s.d_state, s.angles))
+    return "mamba3: no fused kernel for headdim " + std::to_string(s.headdim) + ", d_state " +
+           std::to_string(s.d_state) + ", " + std::to_string(s.angles) + " rotary angles";
+  if (s.groups < 1 || s.heads % s.groups) return "mamba3: heads do not split into groups";
+  return {};
+}
+
+}  // namespace
+
+bool mamba3_supported(int64_t headdim, int64_t d_state, int64_t angles) {
+  return (headdim == 32 || headdim == 64) && (d_state == 32 || d_state == 64 || d_state == 128) && angles >= 1 &&
+         2 * angles <= d_state;
+}
+
+int64_t mamba3_chunk() {
+  return kQ;
+}
+
+// The compiled head shapes (mamba3_supported): headdim 32 or 64 times d_state 32, 64 or 128.
+#define SLM_MAMBA3_DISPATCH(CALL)                        \
+  if (auto e = check(s); !e.empty()) return e;           \
+  const bool p64 = s.headdim == 64;                      \
+  switch (s.d_state) {                                   \
+    case 32: return p64 ? CALL(64, 32) : CALL(32, 32);   \
+    case 64: return p64 ? CALL(64, 64) : CALL(32, 64);   \
+    default: return p64 ? CALL(64, 128) : CALL(32, 128); \
+  }
+
+std::string mamba3_forward(const Mamba3Shape& s, const Mamba3ScanInputs& in, const float* h0, float* y, float* h_last,
+                           float* checkpoints, void* stream){
+#define SLM_CALL(P, N) forward_pn<P, N>(s, in, h0, y, h_last, checkpoints, static_cast<cudaStream_t>(stream))
+    SLM_MAMBA3_DISPATCH(SLM_CALL)
+#undef SLM_CALL
+}
+
+std::string mamba3_backward(const Mamba3Shape& s, const Mamba3ScanInputs& in, const float* checkpoints, const float* dy,
+                            const float* dh_last, const Mamba3ScanGrads& g, void* stream) {
+#define SLM_CALL(P, N) backward_pn<P, N>(s, in, checkpoints, dy, dh_last, g, static_cast<cudaStream_t>(stream))
+  SLM_MAMBA3_DISPATCH(SLM_CALL)
+#undef SLM_CALL
+}
+
+#undef SLM_MAMBA3_DISPATCH
+
+}  // namespace slm::ops::cuda
