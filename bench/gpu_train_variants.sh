@@ -4,6 +4,7 @@
 # autocast, batch 16 x 1024, a few steps, and the steady state (steps after the first three) is reported:
 # tokens/s, MFU (the trainer's own formula) and peak GPU memory.
 #   SHARDS=out/gpu-shards bash bench/gpu_train_variants.sh       # BUILD_DIR=build-cuda (built beforehand)
+# RECIPE=recipes/specialist-small.json VARIANTS=AEMEAEMEAEMR measures another recipe's dimensions the same way.
 # PROFILE=N also profiles N steps of each run (slm train --profile-steps) and prints each summary after the table.
 # Output: one table row per variant on stdout.
 set -euo pipefail
@@ -13,13 +14,14 @@ SHARDS=${SHARDS:-out/gpu-shards}
 STEPS=${STEPS:-12}
 PROFILE=${PROFILE:-0}
 VARIANTS=${VARIANTS:-AEMEAEMEAEMR AF AE MF RF}
+RECIPE=${RECIPE:-recipes/hybrid-250m.json}
 work=$(mktemp -d)
 printf '| pattern | tokens/s | MFU | peak GPU memory |\n|---|---:|---:|---:|\n'
 for pattern in $VARIANTS; do
-  python3 - "$pattern" "$work/$pattern.json" <<'PY'
+  python3 - "$pattern" "$work/$pattern.json" "$RECIPE" <<'PY'
 import json, sys
-r = json.load(open("recipes/hybrid-250m.json"))
-r["name"] = "hybrid-250m-" + sys.argv[1]
+r = json.load(open(sys.argv[3]))
+r["name"] = r["name"] + "-" + sys.argv[1]
 r["pattern"] = sys.argv[1]
 json.dump(r, open(sys.argv[2], "w"))
 PY
