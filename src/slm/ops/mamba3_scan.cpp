@@ -143,12 +143,14 @@ void check_projections(const Mamba3Projections& p, const Mamba3Weights& w, const
 // The per-token scalars of the recurrence and the rotary phase, in compute type ct.
 struct Scalars {
   at::Tensor a, gamma, eps;  // [B, T, H]
-  at::Tensor phase;          // [B, T, H, S] in [0, 2π)
+  at::Tensor dt;             // [B, T, H] Δ
+  at::Tensor theta;          // [B, T, S] π·tanh(angle): the phase advances by Δ·θ per token
+  at::Tensor phase;          // [B, T, H, S] in [0, 2π); only when asked for (the fused kernels form their own)
   at::Tensor start;          // [B, T] bool, or undefined
 };
 
 Scalars scalars(const Mamba3Projections& p, const Mamba3Weights& w, const at::Tensor& angle0, const at::Tensor& start,
-                at::ScalarType ct) {
+                at::ScalarType ct, bool with_phase) {
   const int64_t bsz = p.x.size(0), t = p.x.size(1), h = p.x.size(2), s = p.angle.size(2);
   Scalars out;
   const auto dt = at::softplus(p.dd_dt.to(ct) + w.dt_bias.to(ct));
@@ -156,26 +158,30 @@ Scalars scalars(const Mamba3Projections& p, const Mamba3Weights& w, const at::Te
   out.a = -heavy_tail(p.dd_a.to(ct)).clamp_min(w.a_floor) * dt;
   out.gamma = lambda * dt;
   out.eps = (1 - lambda) * dt;
+  out.dt = dt;
+  out.theta = std::numbers::pi * at::tanh(p.angle.to(ct));
+  if (start.defined()) {
+    out.start = start.to(at::kBool);
+    out.eps = out.eps.masked_fill(out.start.unsqueeze(-1), 0.0);
+  }
+  if (!with_phase) return out;
 
   // The phase is a running sum; wrapping it into [0, 2π) keeps float32 precise on long sequences (floor has
   // zero gradient, so the wrap does not disturb training).
-  auto theta = std::numbers::pi * at::tanh(p.angle.to(ct));
-  auto step = dt.unsqueeze(-1) * theta.unsqueeze(2);  // [B, T, H, S]
+  auto step = dt.unsqueeze(-1) * out.theta.unsqueeze(2);  // [B, T, H, S]
   auto phase = at::cumsum(step, 1);
   if (!start.defined()) {
     phase = phase + angle0.to(ct).unsqueeze(1);
   } else {
     // Each token subtracts the running sum before its document's start; the row's first segment, when no
     // document starts at t = 0, continues from angle0 instead.
-    auto st = start.to(at::kBool);
+    const auto& st = out.start;
     auto a0 = angle0.to(ct).unsqueeze(1);
     auto fallback = at::cat({-a0, at::zeros_like(a0).expand({bsz, t - 1, h, s})}, 1);
     auto before = at::where(st.view({bsz, t, 1, 1}), phase - step, fallback);
     auto index = at::arange(t, start.options().dtype(at::kLong)).expand({bsz, t});
     auto first = std::get<0>(at::cummax(at::where(st, index, at::zeros_like(index)), 1));  // [B, T]
     phase = phase - before.gather(1, first.view({bsz, t, 1, 1}).expand_as(phase));
-    out.eps = out.eps.masked_fill(st.unsqueeze(-1), 0.0);
-    out.start = st;
   }
   out.phase = phase - kTwoPi * at::floor(phase / kTwoPi);
   return out;
@@ -202,7 +208,7 @@ Mamba3Sequence mamba3_preprocess(const Mamba3Projections& p, const Mamba3Weights
   check_projections(p, w, angle0, start);
   const int64_t t = p.x.size(1), h = p.x.size(2);
   const auto ct = compute_type(p.x);
-  const Scalars sc = scalars(p, w, angle0, start, ct);
+  const Scalars sc = scalars(p, w, angle0, start, ct, true);
   Mamba3Sequence out;
   out.a = sc.a;
   out.gamma = sc.gamma;
@@ -355,68 +361,88 @@ void check_launch(const std::string& error) {
   if (!error.empty()) throw Error(error);
 }
 
-// x [B, T, H, P] and bn [B, T, G, N] give the kernels' shape.
-cuda::Mamba3Shape fused_shape(const at::Tensor& x, const at::Tensor& bn, const at::Tensor& phase) {
-  return {x.size(0), x.size(1), x.size(2), bn.size(2), x.size(3), bn.size(3), phase.size(3)};
+// x [B, T, H, P], bn [B, T, G, N] and theta [B, T, S] give the kernels' shape.
+cuda::Mamba3Shape fused_shape(const at::Tensor& x, const at::Tensor& bn, const at::Tensor& theta) {
+  return {x.size(0), x.size(1), x.size(2), bn.size(2), x.size(3), bn.size(3), theta.size(2)};
 }
 
+// The FusedScan inputs in their order: x, bn, cn, b_bias, c_bias, dt, theta, angle0, a, gamma, sigma, d, start.
 cuda::Mamba3ScanInputs scan_inputs(const variable_list& t) {
-  return {t[0].data_ptr<float>(),
-          t[1].data_ptr<float>(),
-          t[2].data_ptr<float>(),
-          t[3].data_ptr<float>(),
-          t[4].data_ptr<float>(),
-          t[5].data_ptr<float>(),
-          t[6].data_ptr<float>(),
-          t[7].data_ptr<float>(),
-          t[8].data_ptr<float>(),
-          t[9].data_ptr<float>(),
-          t[10].numel() > 0 ? t[10].data_ptr<uint8_t>() : nullptr};
+  auto f = [&](int i) -> const float* { return t[i].data_ptr<float>(); };
+  return {f(0),
+          f(1),
+          f(2),
+          f(3),
+          f(4),
+          f(5),
+          f(6),
+          f(7),
+          f(8),
+          f(9),
+          f(10),
+          f(11),
+          t[12].numel() > 0 ? t[12].data_ptr<uint8_t>() : nullptr};
 }
 
 // The SISO scan through the fused kernels of ops/cuda/mamba3_scan_kernels.cu, FP32 contiguous inputs:
-// x, bn, cn, b_bias [H, N], c_bias, phase, a, gamma, sigma, d, start (uint8, empty: none), h0 -> y, h_last.
+// x, bn, cn, b_bias [H, N], c_bias, dt, theta, angle0, a, gamma, sigma, d, start (uint8, empty: none), h0
+// -> y, h_last, final_angle.
 class FusedScan : public torch::autograd::Function<FusedScan> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bn, const at::Tensor& cn,
-                               const at::Tensor& b_bias, const at::Tensor& c_bias, const at::Tensor& phase,
-                               const at::Tensor& a, const at::Tensor& gamma, const at::Tensor& sigma,
-                               const at::Tensor& d, const at::Tensor& start, const at::Tensor& h0) {
+                               const at::Tensor& b_bias, const at::Tensor& c_bias, const at::Tensor& dt,
+                               const at::Tensor& theta, const at::Tensor& angle0, const at::Tensor& a,
+                               const at::Tensor& gamma, const at::Tensor& sigma, const at::Tensor& d,
+                               const at::Tensor& start, const at::Tensor& h0) {
     const c10::cuda::CUDAGuard guard(x.device());
-    const auto s = fused_shape(x, bn, phase);
+    const auto s = fused_shape(x, bn, theta);
     const int64_t chunks = (s.tokens + cuda::mamba3_chunk() - 1) / cuda::mamba3_chunk();
+    const variable_list in = {x, bn, cn, b_bias, c_bias, dt, theta, angle0, a, gamma, sigma, d, start};
     // Inside forward grad mode is off, but the inputs still say whether a backward can follow.
-    bool training = false;
-    for (const auto* t : {&x, &bn, &cn, &b_bias, &c_bias, &phase, &a, &gamma, &sigma, &d, &h0})
-      training = training || t->requires_grad();
+    bool training = h0.requires_grad();
+    for (const auto& t : in) training = training || t.requires_grad();
     auto y = at::empty_like(x);
     auto h_last = at::empty_like(h0);
-    auto cps = training ? at::empty({s.batch, s.heads, chunks, s.headdim, s.d_state}, x.options()) : at::Tensor();
-    const variable_list in = {x, bn, cn, b_bias, c_bias, phase, a, gamma, sigma, d, start};
+    auto final_angle = at::empty_like(angle0);
+    at::Tensor cps_state, cps_phase;
+    if (training) {
+      cps_state = at::empty({s.batch, s.heads, chunks, s.headdim, s.d_state}, x.options());
+      cps_phase = at::empty({s.batch, s.heads, chunks, s.angles}, x.options());
+    }
+    const cuda::Mamba3Checkpoints cps{training ? cps_state.data_ptr<float>() : nullptr,
+                                      training ? cps_phase.data_ptr<float>() : nullptr};
     check_launch(cuda::mamba3_forward(s, scan_inputs(in), h0.data_ptr<float>(), y.data_ptr<float>(),
-                                      h_last.data_ptr<float>(), training ? cps.data_ptr<float>() : nullptr,
+                                      h_last.data_ptr<float>(), final_angle.data_ptr<float>(), cps,
                                       c10::cuda::getCurrentCUDAStream(x.device().index()).stream()));
-    if (training) ctx->save_for_backward({x, bn, cn, b_bias, c_bias, phase, a, gamma, sigma, d, start, cps});
-    return {y, h_last};
+    if (training) {
+      auto saved = in;
+      saved.push_back(cps_state);
+      saved.push_back(cps_phase);
+      ctx->save_for_backward(saved);
+    }
+    return {y, h_last, final_angle};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    const auto &x = saved[0], &bn = saved[1], &phase = saved[5], &cps = saved[11];
+    const auto &x = saved[0], &bn = saved[1], &theta = saved[6], &angle0 = saved[7];
     const c10::cuda::CUDAGuard guard(x.device());
-    const auto s = fused_shape(x, bn, phase);
-    const auto dy = grads[0].defined() ? grads[0].to(at::kFloat).contiguous() : at::Tensor();
-    const auto dh_last = grads[1].defined() ? grads[1].to(at::kFloat).contiguous() : at::Tensor();
+    const auto s = fused_shape(x, bn, theta);
+    auto f32 = [](const at::Tensor& g) { return g.defined() ? g.to(at::kFloat).contiguous() : at::Tensor(); };
+    const auto dy = f32(grads[0]), dh_last = f32(grads[1]), dfinal = f32(grads[2]);
     const auto o = x.options();
-    auto dx = at::empty_like(x), dphase = at::empty_like(phase);
+    auto dx = at::empty_like(x);
     auto dk_pre = at::empty({s.batch, s.tokens, s.heads, s.d_state}, o), dq_pre = at::empty_like(dk_pre);
-    auto da = at::empty_like(saved[6]), dgamma = at::empty_like(da), dsigma = at::empty_like(da);
+    auto da = at::empty_like(saved[8]), dgamma = at::empty_like(da), dsigma = at::empty_like(da);
+    auto ddt = at::zeros_like(da), dtheta = at::zeros_like(theta), dangle0 = at::empty_like(angle0);
     auto dd = at::zeros({s.heads}, o), dh0 = at::empty({s.batch, s.heads, s.headdim, s.d_state}, o);
-    const cuda::Mamba3ScanGrads g{dx.data_ptr<float>(),     dk_pre.data_ptr<float>(), dq_pre.data_ptr<float>(),
-                                  dphase.data_ptr<float>(), da.data_ptr<float>(),     dgamma.data_ptr<float>(),
-                                  dsigma.data_ptr<float>(), dd.data_ptr<float>(),     dh0.data_ptr<float>()};
-    check_launch(cuda::mamba3_backward(s, scan_inputs(saved), cps.data_ptr<float>(), ptr_or_null(dy),
-                                       ptr_or_null(dh_last), g,
+    const cuda::Mamba3ScanGrads g{dx.data_ptr<float>(),      dk_pre.data_ptr<float>(), dq_pre.data_ptr<float>(),
+                                  da.data_ptr<float>(),      dgamma.data_ptr<float>(), dsigma.data_ptr<float>(),
+                                  dangle0.data_ptr<float>(), dh0.data_ptr<float>(),    ddt.data_ptr<float>(),
+                                  dtheta.data_ptr<float>(),  dd.data_ptr<float>()};
+    const cuda::Mamba3Checkpoints cps{saved[13].data_ptr<float>(), saved[14].data_ptr<float>()};
+    check_launch(cuda::mamba3_backward(s, scan_inputs(saved), cps, ptr_or_null(dy), ptr_or_null(dh_last),
+                                       ptr_or_null(dfinal), g,
                                        c10::cuda::getCurrentCUDAStream(x.device().index()).stream()));
     // Heads share their group's B and C, and every token adds to the biases.
     auto to_groups = [&](const at::Tensor& t) {
@@ -427,7 +453,9 @@ class FusedScan : public torch::autograd::Function<FusedScan> {
             to_groups(dq_pre),
             dk_pre.sum(at::IntArrayRef{0, 1}),
             dq_pre.sum(at::IntArrayRef{0, 1}),
-            dphase,
+            ddt,
+            dtheta,
+            dangle0,
             da,
             dgamma,
             dsigma,
@@ -470,7 +498,7 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_fused(const Mamba3Projections& p,
   try {
     const auto f32 = at::kFloat;
     auto c = [](const at::Tensor& x) { return x.to(at::kFloat).contiguous(); };
-    const Scalars sc = scalars(p, w, state.angle, start, f32);
+    const Scalars sc = scalars(p, w, state.angle, start, f32, false);
     const auto bn = normed(p.b, w.b_norm, w, f32), cn = normed(p.c, w.c_norm, w, f32);
     // σ_t = γ_t + ε_{t+1}; the last token's ε_{t+1} belongs to the next call (via the state's pending term).
     const auto sigma = sc.gamma + at::constant_pad_nd(sc.eps.narrow(1, 1, t - 1), {0, 0, 0, 1});
@@ -480,14 +508,14 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_fused(const Mamba3Projections& p,
     const auto st =
         sc.start.defined() ? sc.start.to(at::kByte).contiguous() : at::empty({0}, p.x.options().dtype(at::kByte));
     const auto x = c(p.x);
-    auto out =
-        FusedScan::apply(x, bn.view({b, t, g, n}).contiguous(), cn.view({b, t, g, n}).contiguous(),
-                         c(w.b_bias.view({h, n})), c(w.c_bias.view({h, n})), sc.phase.contiguous(), sc.a.contiguous(),
-                         sc.gamma.contiguous(), sigma.contiguous(), c(w.d), st, h0.contiguous());
-    const auto last_phase = sc.phase.narrow(1, t - 1, 1);
-    auto k_last = heads_of(bn.narrow(1, t - 1, 1), w.b_bias, last_phase, h, false).select(1, 0);
+    auto out = FusedScan::apply(x, bn.view({b, t, g, n}).contiguous(), cn.view({b, t, g, n}).contiguous(),
+                                c(w.b_bias.view({h, n})), c(w.c_bias.view({h, n})), sc.dt.contiguous(),
+                                sc.theta.contiguous(), c(state.angle), sc.a.contiguous(), sc.gamma.contiguous(),
+                                sigma.contiguous(), c(w.d), st, h0.contiguous());
+    // The carried key is the last token's, rotated by the phase after it.
+    auto k_last = heads_of(bn.narrow(1, t - 1, 1), w.b_bias, out[2].unsqueeze(1), h, false).select(1, 0);
     at::autocast::set_autocast_enabled(at::kCUDA, autocast);
-    return {out[0].unsqueeze(3), {sc.phase.select(1, t - 1), out[1], k_last, x.select(1, t - 1)}};
+    return {out[0].unsqueeze(3), {out[2], out[1], k_last, x.select(1, t - 1)}};
   } catch (...) {
     at::autocast::set_autocast_enabled(at::kCUDA, autocast);
     throw;

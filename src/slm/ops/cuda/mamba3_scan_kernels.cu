@@ -15,8 +15,11 @@
 // which is the reference's recurrence S_t = α_t S_{t-1} + β_t v_{t-1}k_{t-1}ᵀ + γ_t v_t k_tᵀ regrouped (σ_s = γ_s +
 // ε_{s+1} collects both terms that v_s k_sᵀ enters with). Thread (p, slice) owns row p of H over N / slices columns.
 //
-// Backward: the chunks in reverse from the saved chunk states, dH in registers (and shared memory, for the products
-// that sum over rows), the exact gradients of the expressions above, the rotation undone per pair. All FP32.
+// The rotary phase runs inside too: per chunk each warp takes some of the S angles (lane = token) and forms
+// φ_t = φ_{t-1} + Δ_t θ_t as a warp scan segmented at document starts, carried across chunks in [0, 2π).
+//
+// Backward: the chunks in reverse from the saved chunk states and phases, dH in registers (and shared memory, for the
+// products that sum over rows), the exact gradients of the expressions above, the rotation undone per pair. All FP32.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -32,6 +35,8 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kQ = 32;       // tokens per chunk: one warp's lanes, so the chunk's decay sums are warp scans
 constexpr int kQS = kQ + 1;  // row stride of the chunk's Q×Q tables (column reads stay conflict-free)
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr float kTwoPi = 6.283185307179586f;
 
 struct Dims {
   int T, H, G, S, nc;
@@ -46,8 +51,9 @@ struct Layout {
   static constexpr int CW = N / SL;
   static constexpr int G4 = CW / 4;
   static constexpr int NG = N / 32;
-  static constexpr int NS = N + 4;  // row stride of q, k, H, dH in shared memory
-  static constexpr int PS = P + 8;  // row stride of v, dy
+  static constexpr int NS = N + 4;      // row stride of q, k, H, dH in shared memory
+  static constexpr int PS = P + 8;      // row stride of v, dy
+  static constexpr int HS = N / 2 + 1;  // row stride of the per-token phases (at most N / 2 angles)
   static_assert(P * SL == kThreads && CW % 4 == 0 && N % 32 == 0, "unsupported Mamba-3 head shape");
   __device__ static int col(int jj, int sl) { return (jj * SL + sl) * 4; }
   __device__ static int tcol(int jj, int ng) { return (jj * 8 + ng) * 4; }
@@ -90,6 +96,48 @@ __device__ void chunk_scalars(ChunkScalars& cs, const Mamba3ScanInputs& in, cons
   }
 }
 
+// Documents started in the chunk up to each lane's token (an inclusive warp scan; every warp may compute it).
+__device__ __forceinline__ int start_count(const Mamba3ScanInputs& in, const Dims& d, int b, int t0, int lane) {
+  const int t = t0 + lane;
+  int cnt = t < d.T && in.start && in.start[static_cast<int64_t>(b) * d.T + t] ? 1 : 0;
+#pragma unroll
+  for (int o = 1; o < kQ; o <<= 1) {
+    const int c = __shfl_up_sync(kFullMask, cnt, o);
+    if (lane >= o) cnt += c;
+  }
+  return cnt;
+}
+
+// The phase of every token of the chunk, ph[t * HS + i], from the phase entering the chunk, carry[i] (shared; left
+// holding the phase after the chunk). Warp w takes angles w, w + 8, ...; lane = token. When saved is not null the
+// entering phases are written there first (the backward restarts each chunk from them).
+template <int HS>
+__device__ void chunk_phase(float* ph, float* carry, float* saved, const Mamba3ScanInputs& in, const Dims& d, int b,
+                            int h, int t0, int tid) {
+  const int lane = tid % 32, warp = tid / 32, t = t0 + lane;
+  const bool valid = t < d.T;
+  const int cnt = start_count(in, d, b, t0, lane);
+  const float dt = valid ? in.dt[(static_cast<int64_t>(b) * d.T + t) * d.H + h] : 0.f;
+  for (int i = warp; i < d.S; i += kWarps) {
+    float v = valid ? dt * in.theta[(static_cast<int64_t>(b) * d.T + t) * d.S + i] : 0.f;
+#pragma unroll
+    for (int o = 1; o < kQ; o <<= 1) {  // a segmented scan: no step reaches across a document start
+      const float u = __shfl_up_sync(kFullMask, v, o);
+      const int c = __shfl_up_sync(kFullMask, cnt, o);
+      if (lane >= o && c == cnt) v += u;
+    }
+    const float enter = carry[i];
+    if (cnt == 0) v += enter;
+    v -= kTwoPi * floorf(v / kTwoPi);
+    ph[lane * HS + i] = v;
+    const float last = __shfl_sync(kFullMask, v, kQ - 1);
+    if (lane == 0) {
+      if (saved) saved[i] = enter;
+      carry[i] = last;
+    }
+  }
+}
+
 // L[t, s]: the weight of v_s k_sᵀ in the state read by token t, within the chunk.
 __device__ __forceinline__ float lcoef(const ChunkScalars& cs, int t, int s) {
   if (s == t) return cs.gam[t];
@@ -99,8 +147,8 @@ __device__ __forceinline__ float lcoef(const ChunkScalars& cs, int t, int s) {
 
 // The chunk's rotated keys k̃ (from B) and queries q̃ (from C), and its values, into shared memory; zeros past T.
 template <int P, int N>
-__device__ void load_chunk(float* qs, float* ks, float* vs, const Mamba3ScanInputs& in, const Dims& d, int b, int h,
-                           int t0, int tid) {
+__device__ void load_chunk(float* qs, float* ks, float* vs, const float* ph, const Mamba3ScanInputs& in, const Dims& d,
+                           int b, int h, int t0, int tid) {
   using L = Layout<P, N>;
   const int g = h / (d.H / d.G);
   for (int idx = tid; idx < kQ * N / 2; idx += kThreads) {
@@ -116,7 +164,7 @@ __device__ void load_chunk(float* qs, float* ks, float* vs, const Mamba3ScanInpu
       qq = {cn.x + cb.x, cn.y + cb.y};
       if (i < d.S) {
         float sn, cs;
-        sincosf(in.phase[((static_cast<int64_t>(b) * d.T + tok) * d.H + h) * d.S + i], &sn, &cs);
+        sincosf(ph[t * L::HS + i], &sn, &cs);
         kk = {kk.x * cs - kk.y * sn, kk.x * sn + kk.y * cs};
         qq = {qq.x * cs - qq.y * sn, qq.x * sn + qq.y * cs};
       }
@@ -144,15 +192,17 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
 }
 
 template <int P, int N>
-__global__ void __launch_bounds__(kThreads)
-    forward_kernel(Dims d, Mamba3ScanInputs in, const float* h0, float* y, float* h_last, float* cps) {
+__global__ void __launch_bounds__(kThreads) forward_kernel(Dims d, Mamba3ScanInputs in, const float* h0, float* y,
+                                                           float* h_last, float* final_angle, Mamba3Checkpoints cps) {
   using L = Layout<P, N>;
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
   float* ks = qs + kQ * L::NS;
   float* vs = ks + kQ * L::NS;
   float* as = vs + kQ * L::PS;  // [kQ][kQS] L ∘ (q kᵀ)
+  float* ph = as + kQ * kQS;    // [kQ][HS] the tokens' phases
   __shared__ ChunkScalars cs;
+  __shared__ float carry[N / 2];
   const int bh = blockIdx.x, b = bh / d.H, h = bh % d.H, tid = threadIdx.x, p = tid / L::SL, sl = tid % L::SL;
   const float dh = in.d[h];
   float st[L::CW];
@@ -162,17 +212,22 @@ __global__ void __launch_bounds__(kThreads)
     const float4 v = h0 ? *reinterpret_cast<const float4*>(h0 + row + L::col(jj, sl)) : make_float4(0, 0, 0, 0);
     st[4 * jj] = v.x, st[4 * jj + 1] = v.y, st[4 * jj + 2] = v.z, st[4 * jj + 3] = v.w;
   }
+  if (tid < d.S) carry[tid] = in.angle0[static_cast<int64_t>(bh) * d.S + tid];
+  __syncthreads();
   for (int c = 0; c < d.nc; ++c) {
     const int t0 = c * kQ;
-    if (cps) {
-      float* dst = cps + (static_cast<int64_t>(bh) * d.nc + c) * P * N + static_cast<int64_t>(p) * N;
+    if (cps.state) {
+      float* dst = cps.state + (static_cast<int64_t>(bh) * d.nc + c) * P * N + static_cast<int64_t>(p) * N;
 #pragma unroll
       for (int jj = 0; jj < L::G4; ++jj)
         *reinterpret_cast<float4*>(dst + L::col(jj, sl)) =
             make_float4(st[4 * jj], st[4 * jj + 1], st[4 * jj + 2], st[4 * jj + 3]);
     }
-    load_chunk<P, N>(qs, ks, vs, in, d, b, h, t0, tid);
+    chunk_phase<L::HS>(ph, carry, cps.phase ? cps.phase + (static_cast<int64_t>(bh) * d.nc + c) * d.S : nullptr, in, d,
+                       b, h, t0, tid);
     if (tid < 32) chunk_scalars(cs, in, d, b, h, t0, tid);
+    __syncthreads();
+    load_chunk<P, N>(qs, ks, vs, ph, in, d, b, h, t0, tid);
     __syncthreads();
     {
       const int t = tid / 8, sb = tid % 8;
@@ -218,6 +273,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     __syncthreads();  // the next chunk's loads overwrite what this one read
   }
+  if (tid < d.S) final_angle[static_cast<int64_t>(bh) * d.S + tid] = carry[tid];
   if (h_last) {
 #pragma unroll
     for (int jj = 0; jj < L::G4; ++jj)
@@ -227,8 +283,9 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <int P, int N>
-__global__ void __launch_bounds__(kThreads) backward_kernel(Dims d, Mamba3ScanInputs in, const float* cps,
-                                                            const float* dy, const float* dh_last, Mamba3ScanGrads gr) {
+__global__ void __launch_bounds__(kThreads)
+    backward_kernel(Dims d, Mamba3ScanInputs in, Mamba3Checkpoints cps, const float* dy, const float* dh_last,
+                    const float* dfinal_angle, Mamba3ScanGrads gr) {
   using L = Layout<P, N>;
   extern __shared__ float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
@@ -240,8 +297,11 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dims d, Mamba3ScanIn
   float* ssc = dys + kQ * L::PS;  // [kQ][kQS] q_t·k_s
   float* wsc = ssc + kQ * kQS;    // [kQ][kQS] dy_t·v_s
   float* lc = wsc + kQ * kQS;     // [kQ][kQS] L[t, s]
+  float* ph = lc + kQ * kQS;      // [kQ][HS] the tokens' phases
+  float* dph = ph + kQ * L::HS;   // [kQ][HS] their gradients
   __shared__ ChunkScalars cs;
-  __shared__ float de[kQ], dw[kQ], dew[kThreads / 32], ddw[kThreads / 32];
+  __shared__ float de[kQ], dw[kQ], dew[kWarps], ddw[kWarps];
+  __shared__ float carry[N / 2], dcarry[N / 2];  // the phase entering the chunk; dφ reaching back past it
   const int bh = blockIdx.x, b = bh / d.H, h = bh % d.H, tid = threadIdx.x, p = tid / L::SL, sl = tid % L::SL;
   const int lane = tid % 32, warp = tid / 32;
   const float dh = in.d[h];
@@ -254,22 +314,27 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dims d, Mamba3ScanIn
     g[4 * jj] = v.x, g[4 * jj + 1] = v.y, g[4 * jj + 2] = v.z, g[4 * jj + 3] = v.w;
   }
   float dd_acc = 0.f;
+  if (tid < d.S) dcarry[tid] = 0.f;
   for (int c = d.nc - 1; c >= 0; --c) {
     const int t0 = c * kQ;
 #pragma unroll
     for (int jj = 0; jj < L::G4; ++jj)
       *reinterpret_cast<float4*>(gs + p * L::NS + L::col(jj, sl)) =
           make_float4(g[4 * jj], g[4 * jj + 1], g[4 * jj + 2], g[4 * jj + 3]);
-    load_chunk<P, N>(qs, ks, vs, in, d, b, h, t0, tid);
+    if (tid < d.S) carry[tid] = cps.phase[(static_cast<int64_t>(bh) * d.nc + c) * d.S + tid];
+    __syncthreads();
+    chunk_phase<L::HS>(ph, carry, nullptr, in, d, b, h, t0, tid);
+    if (tid < 32) chunk_scalars(cs, in, d, b, h, t0, tid);
+    __syncthreads();
+    load_chunk<P, N>(qs, ks, vs, ph, in, d, b, h, t0, tid);
     load_rows<P>(dys, dy, d, b, h, t0, tid);
     {
-      const float4* src = reinterpret_cast<const float4*>(cps + (static_cast<int64_t>(bh) * d.nc + c) * P * N);
+      const float4* src = reinterpret_cast<const float4*>(cps.state + (static_cast<int64_t>(bh) * d.nc + c) * P * N);
       for (int idx = tid; idx < P * N / 4; idx += kThreads) {
         const int pp = idx / (N / 4), n4 = idx % (N / 4);
         *reinterpret_cast<float4*>(hc + pp * L::NS + 4 * n4) = src[idx];
       }
     }
-    if (tid < 32) chunk_scalars(cs, in, d, b, h, t0, tid);
     __syncthreads();
 
     // The chunk's Q×Q tables, and <dH, H_c> (the gradient of E).
@@ -351,7 +416,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dims d, Mamba3ScanIn
         dw_part += __shfl_xor_sync(kFullMask, dw_part, o);
       }
       if (ng == 0) de[t] = de_part, dw[t] = dw_part;
-      if (tok < d.T) {
+      {
         const int64_t base = (static_cast<int64_t>(b) * d.T + tok) * d.H + h;
 #pragma unroll
         for (int jj = 0; jj < L::NG; ++jj) {
@@ -367,17 +432,20 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dims d, Mamba3ScanIn
             const int i = (n0 + e) / 2;
             if (i < d.S) {
               // Rotation by φ: r = (u cos - v sin, u sin + v cos); dr/dφ = (-r1, r0); d(u, v) = Rᵀ dr.
-              gr.dphase[base * d.S + i] = -dq0 * qv[e + 1] + dq1 * qv[e] - dk0 * kv[e + 1] + dk1 * kv[e];
+              // Tokens past T have zero keys and queries: their dφ is 0.
+              dph[t * L::HS + i] = -dq0 * qv[e + 1] + dq1 * qv[e] - dk0 * kv[e + 1] + dk1 * kv[e];
               float sn, co;
-              sincosf(in.phase[base * d.S + i], &sn, &co);
+              sincosf(ph[t * L::HS + i], &sn, &co);
               oq[e] = dq0 * co + dq1 * sn, oq[e + 1] = -dq0 * sn + dq1 * co;
               ok[e] = dk0 * co + dk1 * sn, ok[e + 1] = -dk0 * sn + dk1 * co;
             } else {
               oq[e] = dq0, oq[e + 1] = dq1, ok[e] = dk0, ok[e + 1] = dk1;
             }
           }
-          *reinterpret_cast<float4*>(gr.dq_pre + base * N + n0) = make_float4(oq[0], oq[1], oq[2], oq[3]);
-          *reinterpret_cast<float4*>(gr.dk_pre + base * N + n0) = make_float4(ok[0], ok[1], ok[2], ok[3]);
+          if (tok < d.T) {
+            *reinterpret_cast<float4*>(gr.dq_pre + base * N + n0) = make_float4(oq[0], oq[1], oq[2], oq[3]);
+            *reinterpret_cast<float4*>(gr.dk_pre + base * N + n0) = make_float4(ok[0], ok[1], ok[2], ok[3]);
+          }
         }
       }
     }
@@ -435,6 +503,34 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dims d, Mamba3ScanIn
         gr.dsigma[i] = dsig;
       }
     }
+    // The phase steps' gradients: dstep_u = Σ dφ_t over t ≥ u in u's document (a reverse segmented scan), plus
+    // what later chunks sent back when u's document runs to the chunk's end; then into Δ and θ.
+    {
+      const int tok = t0 + lane;
+      const bool valid = tok < d.T;
+      const int cnt = cs.cnt[lane];
+      const float dtv = valid ? in.dt[(static_cast<int64_t>(b) * d.T + tok) * d.H + h] : 0.f;
+      float ddt = 0.f;
+      for (int i = warp; i < d.S; i += kWarps) {
+        float v = dph[lane * L::HS + i];
+        if (dfinal_angle && tok == d.T - 1) v += dfinal_angle[static_cast<int64_t>(bh) * d.S + i];
+#pragma unroll
+        for (int o = 1; o < kQ; o <<= 1) {
+          const float u = __shfl_down_sync(kFullMask, v, o);
+          const int cu = __shfl_down_sync(kFullMask, cnt, o);
+          if (lane + o < kQ && cu == cnt) v += u;
+        }
+        if (cnt == cs.cnt_last) v += dcarry[i];
+        const float first = __shfl_sync(kFullMask, v, 0);
+        if (lane == 0) dcarry[i] = cnt == 0 ? first : 0.f;
+        if (valid) {
+          const int64_t ti = (static_cast<int64_t>(b) * d.T + tok) * d.S + i;
+          ddt += v * in.theta[ti];
+          atomicAdd(gr.dtheta + ti, v * dtv);  // the heads of a token meet here
+        }
+      }
+      if (valid && ddt != 0.f) atomicAdd(gr.ddt + (static_cast<int64_t>(b) * d.T + tok) * d.H + h, ddt);
+    }
     const float E = cs.E;
 #pragma unroll
     for (int i = 0; i < L::CW; ++i) g[i] *= E;
@@ -449,6 +545,7 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dims d, Mamba3ScanIn
     }
     __syncthreads();
   }
+  if (tid < d.S) gr.dangle0[static_cast<int64_t>(bh) * d.S + tid] = dcarry[tid];
   if (gr.dh0) {
 #pragma unroll
     for (int jj = 0; jj < L::G4; ++jj)
@@ -469,13 +566,13 @@ __global__ void __launch_bounds__(kThreads) backward_kernel(Dims d, Mamba3ScanIn
 template <int P, int N>
 int64_t forward_smem() {
   using L = Layout<P, N>;
-  return 4 * (2 * kQ * L::NS + kQ * L::PS + kQ * kQS);
+  return 4 * (2 * kQ * L::NS + kQ * L::PS + kQ * kQS + kQ * L::HS);
 }
 
 template <int P, int N>
 int64_t backward_smem() {
   using L = Layout<P, N>;
-  return 4 * (2 * kQ * L::NS + 2 * P * L::NS + 2 * kQ * L::PS + 3 * kQ * kQS);
+  return 4 * (2 * kQ * L::NS + 2 * P * L::NS + 2 * kQ * L::PS + 3 * kQ * kQS + 2 * kQ * L::HS);
 }
 
 std::string launch_error(const char* what) {
@@ -497,21 +594,22 @@ Dims dims(const Mamba3Shape& s) {
 
 template <int P, int N>
 std::string forward_pn(const Mamba3Shape& s, const Mamba3ScanInputs& in, const float* h0, float* y, float* h_last,
-                       float* cps, cudaStream_t stream) {
+                       float* final_angle, const Mamba3Checkpoints& cps, cudaStream_t stream) {
   const int64_t smem = forward_smem<P, N>();
   if (auto e = prepare(forward_kernel<P, N>, smem); !e.empty()) return e;
-  forward_kernel<P, N>
-      <<<static_cast<unsigned>(s.batch * s.heads), kThreads, smem, stream>>>(dims(s), in, h0, y, h_last, cps);
+  forward_kernel<P, N><<<static_cast<unsigned>(s.batch * s.heads), kThreads, smem, stream>>>(dims(s), in, h0, y, h_last,
+                                                                                             final_angle, cps);
   return launch_error("mamba3 forward");
 }
 
 template <int P, int N>
-std::string backward_pn(const Mamba3Shape& s, const Mamba3ScanInputs& in, const float* cps, const float* dy,
-                        const float* dh_last, const Mamba3ScanGrads& g, cudaStream_t stream) {
+std::string backward_pn(const Mamba3Shape& s, const Mamba3ScanInputs& in, const Mamba3Checkpoints& cps, const float* dy,
+                        const float* dh_last, const float* dfinal_angle, const Mamba3ScanGrads& g,
+                        cudaStream_t stream) {
   const int64_t smem = backward_smem<P, N>();
   if (auto e = prepare(backward_kernel<P, N>, smem); !e.empty()) return e;
-  backward_kernel<P, N>
-      <<<static_cast<unsigned>(s.batch * s.heads), kThreads, smem, stream>>>(dims(s), in, cps, dy, dh_last, g);
+  backward_kernel<P, N><<<static_cast<unsigned>(s.batch * s.heads), kThreads, smem, stream>>>(dims(s), in, cps, dy,
+                                                                                              dh_last, dfinal_angle, g);
   return launch_error("mamba3 backward");
 }
 
@@ -545,15 +643,16 @@ int64_t mamba3_chunk() {
   }
 
 std::string mamba3_forward(const Mamba3Shape& s, const Mamba3ScanInputs& in, const float* h0, float* y, float* h_last,
-                           float* checkpoints, void* stream){
-#define SLM_CALL(P, N) forward_pn<P, N>(s, in, h0, y, h_last, checkpoints, static_cast<cudaStream_t>(stream))
+                           float* final_angle, const Mamba3Checkpoints& cps, void* stream){
+#define SLM_CALL(P, N) forward_pn<P, N>(s, in, h0, y, h_last, final_angle, cps, static_cast<cudaStream_t>(stream))
     SLM_MAMBA3_DISPATCH(SLM_CALL)
 #undef SLM_CALL
 }
 
-std::string mamba3_backward(const Mamba3Shape& s, const Mamba3ScanInputs& in, const float* checkpoints, const float* dy,
-                            const float* dh_last, const Mamba3ScanGrads& g, void* stream) {
-#define SLM_CALL(P, N) backward_pn<P, N>(s, in, checkpoints, dy, dh_last, g, static_cast<cudaStream_t>(stream))
+std::string
+    mamba3_backward(const Mamba3Shape& s, const Mamba3ScanInputs& in, const Mamba3Checkpoints& cps, const float* dy,
+                    const float* dh_last, const float* dfinal_angle, const Mamba3ScanGrads& g, void* stream) {
+#define SLM_CALL(P, N) backward_pn<P, N>(s, in, cps, dy, dh_last, dfinal_angle, g, static_cast<cudaStream_t>(stream))
   SLM_MAMBA3_DISPATCH(SLM_CALL)
 #undef SLM_CALL
 }
