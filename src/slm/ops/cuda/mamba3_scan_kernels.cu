@@ -299,6 +299,7 @@ __global__ void __launch_bounds__(kThreads)
   float* lc = wsc + kQ * kQS;     // [kQ][kQS] L[t, s]
   float* ph = lc + kQ * kQS;      // [kQ][HS] the tokens' phases
   float* dph = ph + kQ * L::HS;   // [kQ][HS] their gradients
+  float* gks = dph + kQ * L::HS;  // [kQ][PS] (dH k_s)[p]
   __shared__ ChunkScalars cs;
   __shared__ float de[kQ], dw[kQ], dew[kWarps], ddw[kWarps];
   __shared__ float carry[N / 2], dcarry[N / 2];  // the phase entering the chunk; dφ reaching back past it
@@ -365,6 +366,18 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int o = 16; o >= 1; o >>= 1) e_part += __shfl_xor_sync(kFullMask, e_part, o);
       if (lane == 0) dew[warp] = e_part;
+      // dH k_s for every token from the registers: each key read serves a thread's whole slice of row p.
+      for (int s = 0; s < kQ; ++s) {
+        float gk = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < L::G4; ++jj) {
+          const float4 kv = *reinterpret_cast<const float4*>(ks + s * L::NS + L::col(jj, sl));
+          gk += g[4 * jj] * kv.x + g[4 * jj + 1] * kv.y + g[4 * jj + 2] * kv.z + g[4 * jj + 3] * kv.w;
+        }
+#pragma unroll
+        for (int o = L::SL / 2; o >= 1; o >>= 1) gk += __shfl_xor_sync(kFullMask, gk, o);
+        if (sl == s % L::SL) gks[s * L::PS + p] = gk;
+      }
     }
     __syncthreads();
 
@@ -457,10 +470,7 @@ __global__ void __launch_bounds__(kThreads)
         const int pp = pg + 8 * i;
         float acc = 0.f;
         for (int tt = s; tt < kQ; ++tt) acc += lc[tt * kQS + s] * ssc[tt * kQS + s] * dys[tt * L::PS + pp];
-        float gk = 0.f;
-        const float4* grow = reinterpret_cast<const float4*>(gs + pp * L::NS);
-        const float4* krow = reinterpret_cast<const float4*>(ks + s * L::NS);
-        for (int n4 = 0; n4 < N / 4; ++n4) gk += dot4(grow[n4], krow[n4]);
+        const float gk = gks[s * L::PS + pp];
         const float dyv = dys[s * L::PS + pp];
         if (tok < d.T) gr.dx[((static_cast<int64_t>(b) * d.T + tok) * d.H + h) * P + pp] = acc + wend * gk + dh * dyv;
         dd_acc += dyv * vs[s * L::PS + pp];
@@ -572,7 +582,7 @@ int64_t forward_smem() {
 template <int P, int N>
 int64_t backward_smem() {
   using L = Layout<P, N>;
-  return 4 * (2 * kQ * L::NS + 2 * P * L::NS + 2 * kQ * L::PS + 3 * kQ * kQS + 2 * kQ * L::HS);
+  return 4 * (2 * kQ * L::NS + 2 * P * L::NS + 3 * kQ * L::PS + 3 * kQ * kQS + 2 * kQ * L::HS);
 }
 
 std::string launch_error(const char* what) {
