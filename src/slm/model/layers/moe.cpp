@@ -1,6 +1,7 @@
 #include "slm/model/layers/moe.h"
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
 #include "slm/util/error.h"
@@ -28,8 +29,43 @@ namespace {
 // The k * N (token, slot) assignments sorted by expert, stable so each expert sees its tokens in order.
 struct ByExpert {
   torch::Tensor order;  // [N*k] flat assignment index in sorted order
+  torch::Tensor inv;    // [N*k] the inverse permutation: where each assignment sits in the sorted order
   torch::Tensor token;  // [N*k] the token of each sorted assignment
   torch::Tensor ends;   // [E] int32: where each expert's run ends in the sorted order (cumulative counts)
+  int64_t k;
+};
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Rows of x in the order of a permutation, y[i] = x[perm[i]], whose gradient is the inverse gather dx[j] =
+// dy[inv[j]]: neither direction scatters (index_add, the autograd default, serializes on atomics on the GPU).
+class PermuteRows : public torch::autograd::Function<PermuteRows> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& perm,
+                               const torch::Tensor& inv) {
+    ctx->save_for_backward({inv});
+    return x.index_select(0, perm);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    return {grads[0].index_select(0, ctx->get_saved_variables()[0]), {}, {}};
+  }
+};
+
+// xs[i] = u[token[i]] for the sorted assignments; the gradient puts the rows back in assignment order (token n's k
+// assignments adjacent) and sums each token's k of them: a gather and a reduction instead of a scatter-add.
+class GatherTokens : public torch::autograd::Function<GatherTokens> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& u, const torch::Tensor& token,
+                               const torch::Tensor& inv, int64_t k) {
+    ctx->save_for_backward({inv});
+    ctx->saved_data["k"] = k;
+    return u.index_select(0, token);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto g = grads[0].index_select(0, ctx->get_saved_variables()[0]);
+    return {g.view({-1, ctx->saved_data["k"].toInt(), g.size(1)}).sum(1), {}, {}, {}};
+  }
 };
 
 ByExpert sort_by_expert(const torch::Tensor& experts, int64_t num_experts) {
@@ -38,14 +74,21 @@ ByExpert sort_by_expert(const torch::Tensor& experts, int64_t num_experts) {
   // searchsorted rather than bincount + cumsum: CUDA's bincount reads the ids' min and max back to the host.
   auto ends = torch::searchsorted(sorted, torch::arange(num_experts, sorted.options()), /*out_int32=*/true,
                                   /*right=*/true);
-  return {order, order.div(k, "floor"), ends};
+  auto inv = torch::empty_like(order).scatter_(0, order, torch::arange(order.numel(), order.options()));
+  return {order, inv, order.div(k, "floor"), ends, k};
 }
 
 // Scales the expert outputs ys [N*k, D] (in sorted order) by their gates and sums them back per token, in the
 // dtype the experts computed in (bf16 under autocast, where u may still be fp32).
 torch::Tensor combine(const torch::Tensor& ys, const ByExpert& s, const Routing& routing, int64_t tokens) {
-  auto gate = routing.weights.reshape({-1}).index_select(0, s.order).to(ys.scalar_type());
-  return torch::zeros({tokens, ys.size(1)}, ys.options()).index_add(0, s.token, ys * gate.unsqueeze(1));
+  auto per_token = PermuteRows::apply(ys, s.inv, s.order).view({tokens, s.k, ys.size(1)});
+  // Autocast would run the sum in FP32 (and return FP32); the experts' dtype is kept, as the products were.
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return (per_token * routing.weights.to(ys.scalar_type()).unsqueeze(-1)).sum(1);
+}
+
+torch::Tensor gather_tokens(const torch::Tensor& u, const ByExpert& s) {
+  return GatherTokens::apply(u, s.token, s.inv, s.k);
 }
 
 // The grouped path runs where it pays: on the GPU (Hopper's grouped-GEMM kernel; older GPUs fall back inside
@@ -54,8 +97,8 @@ torch::Tensor combine(const torch::Tensor& ys, const ByExpert& s, const Routing&
 // _grouped_mm requires (D and the hidden size multiples of 8 bf16 elements).
 bool use_grouped(const torch::Tensor& u, const ExpertsImpl& experts) {
   if (!u.is_cuda() || !experts.q13.empty() || !experts.q2.empty()) return false;
-  const bool autocast_bf16 = at::autocast::is_autocast_enabled(at::kCUDA) &&
-                             at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16;
+  const bool autocast_bf16 =
+      at::autocast::is_autocast_enabled(at::kCUDA) && at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16;
   const bool bf16 = u.scalar_type() == torch::kBFloat16 || (autocast_bf16 && u.scalar_type() == torch::kFloat);
   return bf16 && experts.w2.size(1) % 8 == 0 && experts.w2.size(2) % 8 == 0;
 }
@@ -66,7 +109,7 @@ torch::Tensor loop_experts(const torch::Tensor& u, const Routing& routing, const
   ByExpert s = sort_by_expert(routing.experts, num_experts);
   auto ends = s.ends.cpu();  // the slices' sizes must be known on the host: one sync
   auto end = ends.accessor<int32_t, 1>();
-  auto xs = u.index_select(0, s.token);
+  auto xs = gather_tokens(u, s);
   std::vector<torch::Tensor> outs;
   int64_t begin = 0;
   for (int64_t e = 0; e < num_experts; ++e) {
@@ -78,7 +121,7 @@ torch::Tensor loop_experts(const torch::Tensor& u, const Routing& routing, const
 
 torch::Tensor grouped_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
   ByExpert s = sort_by_expert(routing.experts, experts.num_experts());
-  auto xs = u.to(torch::kBFloat16).index_select(0, s.token);
+  auto xs = gather_tokens(u.to(torch::kBFloat16), s);
   // The weights are stored [E, out, in] like nn.Linear; _grouped_mm multiplies by [E, in, out] and takes the
   // transposed (column-major) view as it is. The casts keep fp32 master weights receiving the gradients.
   auto w13 = experts.w13.to(torch::kBFloat16).transpose(1, 2);
@@ -216,8 +259,12 @@ MoELayer::MoELayer(const Recipe& r, const torch::TensorOptions& options) : Layer
   moe = register_module("moe", MoE(r, options));
 }
 
-torch::Tensor MoELayer::forward(const torch::Tensor& x, const Documents*) { return moe(norm(x)); }
+torch::Tensor MoELayer::forward(const torch::Tensor& x, const Documents*) {
+  return moe(norm(x));
+}
 
-torch::Tensor MoELayer::prefill(const torch::Tensor& x, LayerCache*) { return moe(norm(x)); }
+torch::Tensor MoELayer::prefill(const torch::Tensor& x, LayerCache*) {
+  return moe(norm(x));
+}
 
 }  // namespace slm::model
