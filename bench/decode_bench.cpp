@@ -1,0 +1,215 @@
+// Batch-1 decode speed of whole models, as a fraction of the memory roofline.
+//   decode_bench [--recipe R]... [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4] [--prompt-tokens 128]
+//                [--steps 64] [--batch 1]
+//   (default recipes: recipes/specialist-small.json and recipes/tiny-hybrid.json)
+// Random weights (N(0, 1/fan_in) for matrices, so no projection is the zero matrix a fresh model starts with); with
+// --nvfp4 they go through `slm quantize`'s code (nvfp4::quantize_checkpoint, via a temporary file: there is no
+// in-memory quantizer) and model::load_weights, so every quantizable matrix runs nvfp4::linear. One batched prefill of
+// the prompt (timed once, after an untimed prefill of the same length in another state), then greedy decode: a step is
+// one HybridLM::decode plus the argmax that picks the next token, on the device. Reported: the median step over
+// --steps steps after 2 warm-up steps, tokens/s = batch / median step.
+// Roofline: the weight bytes one step must read (every parameter of the main stack but the embedding, of which it
+// gathers batch rows, and the MTP modules, which decode does not run; routed experts as min(1, batch·k/E) of them,
+// NVFP4 matrices at their packed size) over the memory bandwidth measured in the same run: a copy of 1 GiB on the
+// device, counted as bytes read + written per second (STREAM's convention), best of 5. KV cache and recurrent-state
+// reads are left out, so the roofline is an upper bound.
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "slm/model/hybrid_lm.h"
+#include "slm/model/weights.h"
+#include "slm/quant/quantize_checkpoint.h"
+#include "slm/recipe/accounting.h"
+#include "slm/recipe/recipe.h"
+#include "slm/util/error.h"
+
+namespace {
+
+struct Options {
+  std::vector<std::string> recipes;
+  std::string device = "cpu";
+  std::string dtype = "fp32";
+  bool nvfp4 = false;
+  int64_t prompt = 128;
+  int64_t steps = 64;
+  int64_t batch = 1;
+};
+
+constexpr int kWarmup = 2;
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void sync(const torch::Device& device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
+
+void randomize(slm::model::HybridLM& m) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(1);
+  for (auto& p : m.parameters())
+    if (p.dim() >= 2) p.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(p.size(-1))));
+}
+
+// The model the options describe, on its device. NVFP4: built in FP32 on the CPU, saved, quantized and loaded into a
+// model of the requested dtype and device.
+std::unique_ptr<slm::model::HybridLM> build(const slm::Recipe& recipe, const Options& o, const torch::Device& device) {
+  const auto dtype = o.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  const auto options = torch::TensorOptions().dtype(dtype).device(device);
+  if (!o.nvfp4) {
+    auto m = std::make_unique<slm::model::HybridLM>(recipe, options);
+    randomize(*m);
+    m->eval();
+    return m;
+  }
+  const std::string stem = "/tmp/decode_bench_" + std::to_string(getpid());
+  {
+    slm::model::HybridLM dense(recipe);
+    randomize(dense);
+    slm::model::save_weights(dense, stem + "_dense.safetensors");
+  }
+  slm::nvfp4::quantize_checkpoint(stem + "_dense.safetensors", stem + "_nvfp4.safetensors", recipe, {});
+  ::unlink((stem + "_dense.safetensors").c_str());
+  auto m = std::make_unique<slm::model::HybridLM>(recipe, options);
+  slm::model::load_weights(*m, stem + "_nvfp4.safetensors");
+  ::unlink((stem + "_nvfp4.safetensors").c_str());
+  m->eval();
+  return m;
+}
+
+// Bytes of weights one decode step reads (see the header comment).
+double step_weight_bytes(const slm::model::HybridLM& m, int64_t batch) {
+  const auto& moe = m.recipe().moe;
+  const double expert_share =
+      moe ? std::min(1.0, static_cast<double>(batch * moe->experts_per_token) / moe->routed_experts) : 1.0;
+  auto is_routed = [](const std::string& name) { return name.find(".moe.experts.") != std::string::npos; };
+  double bytes = 0;
+  for (const auto& p : m.named_parameters()) {
+    const std::string& name = p.key();
+    if (name == "embed.weight" || name.rfind("mtp.", 0) == 0 || name.find(".engram.table") != std::string::npos)
+      continue;
+    const double b = static_cast<double>(p.value().numel()) * static_cast<double>(p.value().element_size());
+    bytes += is_routed(name) ? b * expert_share : b;
+  }
+  // NVFP4 matrices: their dense parameter is empty; the packed codes and scales are what is read.
+  for (const auto& item : m.named_modules("", /*include_self=*/false)) {
+    if (item.key().rfind("mtp.", 0) == 0) continue;
+    if (auto* lin = item.value()->as<slm::model::LinearImpl>(); lin && lin->qweight)
+      bytes += static_cast<double>(lin->qweight->storage_bytes());
+    if (auto* ex = item.value()->as<slm::model::ExpertsImpl>())
+      for (const auto* q : {&ex->q13, &ex->q2})
+        for (const auto& e : *q) bytes += static_cast<double>(e.storage_bytes()) * expert_share;
+  }
+  return bytes;
+}
+
+// Memory bandwidth of the device: a 1 GiB copy, (read + written bytes) / time, best of 5.
+double copy_bandwidth(const torch::Device& device) {
+  const int64_t n = int64_t{1} << 28;  // floats: 1 GiB
+  auto src = torch::ones({n}, torch::TensorOptions().device(device));
+  auto dst = torch::empty_like(src);
+  double best = 0;
+  for (int i = 0; i < 6; ++i) {
+    sync(device);
+    const double t0 = now_ms();
+    dst.copy_(src);
+    sync(device);
+    if (i > 0) best = std::max(best, 2.0 * 4.0 * static_cast<double>(n) / ((now_ms() - t0) * 1e-3));
+  }
+  return best;
+}
+
+struct Timing {
+  double prefill_ms = 0;
+  double step_ms = 0;  // median
+};
+
+Timing run_decode(slm::model::HybridLM& m, const Options& o, const torch::Device& device) {
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(2);
+  const int64_t capacity = o.prompt + kWarmup + o.steps;
+  auto prompt = torch::randint(m.recipe().vocab_size, {o.batch, o.prompt}, torch::kLong).to(device);
+  {  // the first prefill pays one-off costs (allocator, kernel selection, tables)
+    auto warm = m.new_state(o.batch, capacity);
+    m.prefill(prompt, warm);
+  }
+  auto state = m.new_state(o.batch, capacity);
+  Timing t;
+  sync(device);
+  double t0 = now_ms();
+  auto logits = m.prefill(prompt, state).select(1, o.prompt - 1);
+  sync(device);
+  t.prefill_ms = now_ms() - t0;
+  std::vector<double> ms;
+  for (int64_t i = 0; i < kWarmup + o.steps; ++i) {
+    t0 = now_ms();
+    logits = m.decode(logits.argmax(-1), state);
+    sync(device);
+    if (i >= kWarmup) ms.push_back(now_ms() - t0);
+  }
+  std::sort(ms.begin(), ms.end());
+  t.step_ms = ms[ms.size() / 2];
+  return t;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"batch-1 decode speed against the memory roofline"};
+  app.add_option("--recipe", o.recipes, "recipe JSON (repeatable; default specialist-small and tiny-hybrid)");
+  app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
+  app.add_option("--dtype", o.dtype, "fp32 or bf16: the model's parameters and activations")->capture_default_str();
+  app.add_flag("--nvfp4", o.nvfp4, "quantize the quantizable matrices to NVFP4, as slm quantize does");
+  app.add_option("--prompt-tokens", o.prompt, "prompt length, prefilled in one call")->capture_default_str();
+  app.add_option("--steps", o.steps, "timed decode steps")->capture_default_str();
+  app.add_option("--batch", o.batch, "sequences decoded together")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (o.device != "cpu" && o.device != "cuda")
+      throw slm::Error("--device must be cpu or cuda (got '" + o.device + "')");
+    if (o.device == "cuda" && !torch::cuda::is_available())
+      throw slm::Error("--device cuda: no CUDA device is available (or this build has no CUDA)");
+    if (o.dtype != "fp32" && o.dtype != "bf16")
+      throw slm::Error("--dtype must be fp32 or bf16 (got '" + o.dtype + "')");
+    if (o.prompt < 1 || o.steps < 1 || o.batch < 1)
+      throw slm::Error("--prompt-tokens, --steps and --batch must be at least 1");
+    if (o.recipes.empty())
+      o.recipes = {std::string(SLM_SOURCE_DIR) + "/recipes/specialist-small.json",
+                   std::string(SLM_SOURCE_DIR) + "/recipes/tiny-hybrid.json"};
+    const torch::Device device = o.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+    const double bandwidth = copy_bandwidth(device);
+    std::printf(
+        "device %s, %d intra-op threads, %s%s, batch %lld, prompt %lld, median of %lld steps after %d warm-up\n",
+        o.device.c_str(), torch::get_num_threads(), o.dtype.c_str(), o.nvfp4 ? " + NVFP4 matrices" : "",
+        static_cast<long long>(o.batch), static_cast<long long>(o.prompt), static_cast<long long>(o.steps), kWarmup);
+    std::printf("copy bandwidth %.1f GB/s (read + written)\n", bandwidth / 1e9);
+    std::printf("%-18s %9s %11s %10s %9s %11s %10s %9s\n", "recipe", "active", "prefill ms", "ms/step", "tok/s",
+                "MiB/step", "roof tok/s", "of roof");
+    for (const auto& path : o.recipes) {
+      const slm::Recipe recipe = slm::load_recipe(path);
+      auto m = build(recipe, o, device);
+      const auto accounting = slm::account(recipe, m->plan());
+      const double bytes = step_weight_bytes(*m, o.batch);
+      const Timing t = run_decode(*m, o, device);
+      const double tok_s = 1000.0 * static_cast<double>(o.batch) / t.step_ms;
+      const double roof = static_cast<double>(o.batch) * bandwidth / bytes;
+      std::printf("%-18s %8.1fM %11.1f %10.3f %9.1f %11.1f %10.1f %8.1f%%\n", recipe.name.c_str(),
+                  static_cast<double>(accounting.active) / 1e6, t.prefill_ms, t.step_ms, tok_s, bytes / 1048576.0, roof,
+                  100.0 * tok_s / roof);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "decode_bench: %s\n", e.what());
+    return 2;
+  }
+}
