@@ -33,8 +33,10 @@ std::shared_ptr<model::AttentionLayer> random_layer(int64_t window, uint64_t see
   torch::manual_seed(seed);
   torch::NoGradGuard no_grad;
   for (auto& p : layer->parameters())
-    if (p.dim() == 2) p.normal_(0.0, 0.3);
-    else p.normal_(1.0, 0.1);
+    if (p.dim() == 2)
+      p.normal_(0.0, 0.3);
+    else
+      p.normal_(1.0, 0.1);
   return layer;
 }
 
@@ -45,8 +47,14 @@ TEST(Attention, SdpaMatchesPlainReference) {
   torch::manual_seed(0);
   // Full causal, windowed, GQA and MHA, query blocks that end a longer key sequence (prefill after a
   // cache, one-token decode).
-  for (Case c : std::vector<Case>{{4, 2, 12, 12, 0}, {4, 2, 12, 12, 5}, {4, 4, 9, 9, 3}, {6, 2, 3, 10, 0},
-                                  {6, 2, 3, 10, 4}, {4, 1, 1, 9, 0}, {4, 1, 1, 9, 3}, {2, 2, 5, 5, 40}}) {
+  for (Case c : std::vector<Case>{{4, 2, 12, 12, 0},
+                                  {4, 2, 12, 12, 5},
+                                  {4, 4, 9, 9, 3},
+                                  {6, 2, 3, 10, 0},
+                                  {6, 2, 3, 10, 4},
+                                  {4, 1, 1, 9, 0},
+                                  {4, 1, 1, 9, 3},
+                                  {2, 2, 5, 5, 40}}) {
     auto q = torch::randn({2, c.heads, c.t, 8});
     auto k = torch::randn({2, c.kv_heads, c.s, 8});
     auto v = torch::randn({2, c.kv_heads, c.s, 8});
@@ -117,9 +125,68 @@ TEST(Attention, RopeScoresDependOnlyOnDistance) {
   single_threaded();
   torch::manual_seed(3);
   auto q = torch::randn({1, 1, 1, 8}), k = torch::randn({1, 1, 1, 8});
+  const model::Rope rope(8, 1000.0);
   auto score = [&](int64_t pq, int64_t pk) {
-    return (model::apply_rope(q, pq, 1000.0) * model::apply_rope(k, pk, 1000.0)).sum().item<double>();
+    return (rope(q, {pq, {}, pq + 1}) * rope(k, {pk, {}, pk + 1})).sum().item<double>();
   };
   EXPECT_NEAR(score(5, 2), score(105, 102), 1e-4);
   EXPECT_NEAR(score(7, 7), (q * k).sum().item<double>(), 1e-5);
+}
+
+namespace {
+
+// x rotated by the angle p * theta^(-2i/dim) of pair (i, i + dim/2), computed in double with the C library.
+torch::Tensor rotate_by_hand(const torch::Tensor& x, const std::vector<int64_t>& pos, double theta) {
+  auto in = x.to(torch::kDouble).contiguous();
+  auto out = in.clone();
+  const int64_t t = x.size(1), heads = x.size(2), half = x.size(3) / 2;
+  for (int64_t b = 0; b < x.size(0); ++b)
+    for (int64_t j = 0; j < t; ++j)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < half; ++i) {
+          const double a = static_cast<double>(pos[b * t + j]) * std::pow(theta, -2.0 * i / (2.0 * half));
+          const double x1 = in[b][j][h][i].item<double>(), x2 = in[b][j][h][i + half].item<double>();
+          out[b][j][h][i] = x1 * std::cos(a) - x2 * std::sin(a);
+          out[b][j][h][i + half] = x2 * std::cos(a) + x1 * std::sin(a);
+        }
+  return out;
+}
+
+}  // namespace
+
+TEST(Rope, CachedTablesEqualAFloat64HandComputation) {
+  single_threaded();
+  const double theta = 100000.0;
+  const model::Rope rope(8, theta);
+  torch::manual_seed(4);
+  auto x = torch::randn({2, 5, 3, 8}, torch::kDouble);
+  auto run_from = [](int64_t start) {
+    std::vector<int64_t> p;
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t j = 0; j < 5; ++j) p.push_back(start + j);
+    return p;
+  };
+  // Runs from a cache's length: the first builds the float64 tables (256 rows), the second crosses their end, so
+  // they are rebuilt longer.
+  EXPECT_LT(max_abs_diff(rope(x, {0, {}, 5}), rotate_by_hand(x, run_from(0), theta)), 1e-12);
+  EXPECT_LT(max_abs_diff(rope(x, {253, {}, 258}), rotate_by_hand(x, run_from(253), theta)), 1e-12);
+  // The tables hold cos/sin of every position below their size, as a float64 loop computes them.
+  auto [cos, sin] = rope.tables(torch::kCPU, torch::kDouble, 258);
+  ASSERT_GE(cos.size(0), 258);
+  for (int64_t p : {0, 1, 7, 255, 256, 257})
+    for (int64_t i = 0; i < 4; ++i) {
+      const double a = static_cast<double>(p) * std::pow(theta, -2.0 * i / 8.0);
+      EXPECT_NEAR(cos[p][i].item<double>(), std::cos(a), 1e-12) << p << " " << i;
+      EXPECT_NEAR(sin[p][i].item<double>(), std::sin(a), 1e-12) << p << " " << i;
+    }
+  // Per-token positions (packed documents), in float64 and in float32: at 100,000 angles formed in float32 would
+  // be ~1e-2 rad off.
+  const std::vector<int64_t> scattered = {0, 3, 1, 99999, 4, 17, 2, 60000, 5, 0};
+  const auto ids = torch::tensor(scattered, torch::kLong).view({2, 5});
+  EXPECT_LT(max_abs_diff(rope(x, {0, ids, 100000}), rotate_by_hand(x, scattered, theta)), 1e-12);
+  EXPECT_LT(max_abs_diff(rope(x.to(torch::kFloat), {0, ids, 100000}), rotate_by_hand(x, scattered, theta)), 1e-5);
+  // Once built, a table serves every shorter request without being rebuilt.
+  auto built = rope.tables(torch::kCPU, torch::kFloat, 100000).first;
+  EXPECT_EQ(rope.tables(torch::kCPU, torch::kFloat, 12).first.data_ptr(), built.data_ptr());
+  EXPECT_THROW(model::Rope(7, theta), Error);
 }

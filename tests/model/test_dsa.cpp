@@ -144,7 +144,7 @@ TEST(DsaIndexer, ScoresMatchFloat64Loop) {
   ASSERT_EQ(ix.rope_dims, 4);
   const int64_t t = 7, heads = 3, dim = 8;
   auto h = torch::randn({1, t, 16}, kF64);
-  auto pos = torch::arange(t).unsqueeze(0);
+  const model::RotaryPositions pos{0, {}, t};
   auto got = ix.scores(h, ix.keys(h, pos), pos);
   auto rope = [](torch::Tensor x, int64_t p) {  // half-split on the first 4 dims, theta 500
     auto out = x.clone();
@@ -205,11 +205,12 @@ TEST(DsaLayer, SparseOutputIsAttentionOverTheSelectedKeys) {
   auto x = torch::randn({b, t, 16}, kF64);
   // GQA q, k, v as the attention layer test builds them, then the plain sparse reference over dsa_select's keys.
   auto h = rms(x, layer->norm->weight);
-  auto q = rms(model::apply_rope(torch::matmul(h, a.wq->weight.t()).view({b, t, 4, 4}), 0, 500), a.q_norm->weight);
-  auto k = rms(model::apply_rope(torch::matmul(h, a.wk->weight.t()).view({b, t, 2, 4}), 0, 500), a.k_norm->weight);
+  const model::Rope rope(4, 500);
+  const model::RotaryPositions pos{0, {}, t};
+  auto q = rms(rope(torch::matmul(h, a.wq->weight.t()).view({b, t, 4, 4}), pos), a.q_norm->weight);
+  auto k = rms(rope(torch::matmul(h, a.wk->weight.t()).view({b, t, 2, 4}), pos), a.k_norm->weight);
   auto v = torch::matmul(h, a.wv->weight.t()).view({b, t, 2, 4});
   auto& ix = *layer->indexer();
-  auto pos = torch::arange(t).unsqueeze(0);
   auto index = model::dsa_select(ix.scores(h, ix.keys(h, pos), pos), 0.3, 2, 0);
   ASSERT_LT(index.ge(0).sum().item<int64_t>(), b * t * (t + 1) / 2);  // something was left out
   auto o = ops::sparse_attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), index, 0.5).out;

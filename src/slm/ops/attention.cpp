@@ -47,8 +47,8 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            std::optional<double> scale, const PackedSpans* docs) {
   const int64_t b = q.size(0), h = q.size(1), t = q.size(2);
   auto tokens = [&](const at::Tensor& x) { return x.transpose(1, 2).reshape({b * t, x.size(1), x.size(3)}); };
-  at::Tensor cu = docs ? docs->cu_seqlens
-                       : at::arange(0, (b + 1) * t, t, q.options().dtype(at::kInt));  // one document per row
+  at::Tensor cu =
+      docs ? docs->cu_seqlens : at::arange(0, (b + 1) * t, t, q.options().dtype(at::kInt));  // one document per row
   const int64_t longest = docs ? docs->max_len : t;
   std::optional<int64_t> left;
   if (window > 0 && window < longest) left = window - 1;  // the query itself and window - 1 keys before it
@@ -63,7 +63,13 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t window,
                             std::optional<double> scale, const PackedSpans* docs) {
   check_shapes(q, k, v);
-  const int64_t t = q.size(2), s = k.size(2);
+  const int64_t t = q.size(2);
+  // Keys before the first query's window are invisible to every query: a block after a long cache (a decode step)
+  // attends over the last t + window - 1 keys only, which for t = 1 needs no mask at all.
+  if (const int64_t reach = t + window - 1; !docs && window > 0 && reach < k.size(2))
+    return causal_attention(q, k.narrow(2, k.size(2) - reach, reach), v.narrow(2, v.size(2) - reach, reach), window,
+                            scale);
+  const int64_t s = k.size(2);
   const bool gqa = q.size(1) != k.size(1);
   const bool window_binds = window > 0 && window < s;
   if ((docs || window_binds) && (!docs || docs->cu_seqlens.defined()) && flash_fits(q, k, v))

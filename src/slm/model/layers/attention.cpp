@@ -8,37 +8,12 @@
 
 namespace slm::model {
 
-torch::Tensor positions(const torch::Tensor& h, const TokenCache* cache, const Documents* docs) {
-  if (docs) {
-    if (cache) throw Error("attention: packed documents are a training input; a cached sequence is one document");
-    return docs->pos;
-  }
-  const int64_t offset = cache ? cache->length() : 0;
-  return torch::arange(offset, offset + h.size(1), h.options().dtype(torch::kLong)).unsqueeze(0);
-}
-
-torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta) {
-  const int64_t t = x.size(1);
-  return apply_rope(x, torch::arange(offset, offset + t, x.options().dtype(torch::kLong)).unsqueeze(0), theta);
-}
-
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta) {
-  const int64_t t = x.size(1), half = x.size(3) / 2;
-  // Angles in float64: float32 loses ~1e-3 rad of phase at positions near 1e5.
-  auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(x.device());
-  auto inv_freq = torch::pow(theta, -torch::arange(0, half, f64) / static_cast<double>(half));
-  auto angles = (positions.to(f64).unsqueeze(-1) * inv_freq).view({-1, t, 1, half});
-  auto cos = angles.cos().to(x.scalar_type()), sin = angles.sin().to(x.scalar_type());
-  auto x1 = x.narrow(3, 0, half), x2 = x.narrow(3, half, half);
-  return torch::cat({x1 * cos - x2 * sin, x2 * cos + x1 * sin}, 3);
-}
-
 AttentionImpl::AttentionImpl(const Recipe& r, const LayerPlan& plan, const torch::TensorOptions& options)
     : heads(r.attention->heads),
       kv_heads(r.attention->kv_heads),
       head_dim(r.attention->head_dim),
       window(plan.window_tokens),
-      rope_theta(r.attention->rope_theta) {
+      rope(r.attention->head_dim, r.attention->rope_theta) {
   const int64_t d = r.d_model;
   wq = register_module("wq", Linear(d, heads * head_dim, options));
   wk = register_module("wk", Linear(d, kv_heads * head_dim, options));
@@ -58,8 +33,8 @@ AttentionImpl::AttentionImpl(const Recipe& r, const LayerPlan& plan, const torch
 torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache, const Documents* docs) {
   const int64_t b = h.size(0), t = h.size(1);
   const auto pos = positions(h, cache, docs);
-  auto q = apply_rope(wq(h).view({b, t, heads, head_dim}), pos, rope_theta);
-  auto k = apply_rope(wk(h).view({b, t, kv_heads, head_dim}), pos, rope_theta);
+  auto q = rope(wq(h).view({b, t, heads, head_dim}), pos);
+  auto k = rope(wk(h).view({b, t, kv_heads, head_dim}), pos);
   auto v = wv(h).view({b, t, kv_heads, head_dim});
   if (q_norm) {
     q = q_norm(q);

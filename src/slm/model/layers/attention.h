@@ -7,19 +7,11 @@
 #include "slm/model/layer.h"
 #include "slm/model/layers/dsa_indexer.h"
 #include "slm/model/layers/mla.h"
+#include "slm/model/layers/rope.h"
 #include "slm/recipe/plan.h"
 #include "slm/recipe/recipe.h"
 
 namespace slm::model {
-
-// Rotates x [B, T, heads, hd] by the angles of positions offset..offset+T-1, or of positions [B or 1, T] (int64):
-// the first and second halves of the head dim form the (real, imaginary) pairs, frequency theta^(-2i/hd) for
-// pair i.
-torch::Tensor apply_rope(const torch::Tensor& x, int64_t offset, double theta);
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& positions, double theta);
-// Rotary positions [B or 1, T] of h [B, T, ...]: each token's place in its document with packed documents,
-// else the cached length onward (a cache holds one sequence per row; documents come only without a cache).
-torch::Tensor positions(const torch::Tensor& h, const TokenCache* cache, const Documents* docs);
 
 class AttentionImpl : public torch::nn::Module {
  public:
@@ -31,7 +23,7 @@ class AttentionImpl : public torch::nn::Module {
   std::unique_ptr<TokenCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const;
 
   int64_t heads, kv_heads, head_dim, window;
-  double rope_theta;
+  Rope rope;
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // null when the recipe turns qk_norm off
   DsaIndexer indexer{nullptr};               // DSA layers only

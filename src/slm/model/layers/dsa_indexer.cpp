@@ -7,7 +7,6 @@
 #include <limits>
 #include <vector>
 
-#include "slm/model/layers/attention.h"
 #include "slm/ops/attention.h"
 #include "slm/ops/sparse_attention.h"
 #include "slm/util/error.h"
@@ -82,7 +81,7 @@ DsaIndexerImpl::DsaIndexerImpl(const Recipe& r, int64_t window_tokens, const tor
       local_window(r.attention->dsa_local_window),
       window(window_tokens),
       ratio(r.attention->dsa_top_k_ratio),
-      rope_theta(r.attention->rope_theta) {
+      rope_(rope_dims, r.attention->rope_theta) {
   const int64_t d = r.d_model;
   wq = register_module("wq", Linear(d, heads * dim, options));
   wk = register_module("wk", Linear(d, dim, options));
@@ -90,20 +89,19 @@ DsaIndexerImpl::DsaIndexerImpl(const Recipe& r, int64_t window_tokens, const tor
   weights_proj = register_module("weights_proj", Linear(d, heads, options));
 }
 
-torch::Tensor DsaIndexerImpl::rope(const torch::Tensor& x, const torch::Tensor& positions) const {
+torch::Tensor DsaIndexerImpl::rotate(const torch::Tensor& x, const RotaryPositions& pos) const {
   if (rope_dims == 0) return x;
-  return torch::cat(
-      {apply_rope(x.narrow(-1, 0, rope_dims), positions, rope_theta), x.narrow(-1, rope_dims, dim - rope_dims)}, -1);
+  return torch::cat({rope_(x.narrow(-1, 0, rope_dims), pos), x.narrow(-1, rope_dims, dim - rope_dims)}, -1);
 }
 
-torch::Tensor DsaIndexerImpl::keys(const torch::Tensor& h, const torch::Tensor& positions) {
+torch::Tensor DsaIndexerImpl::keys(const torch::Tensor& h, const RotaryPositions& pos) {
   const int64_t b = h.size(0), t = h.size(1);
-  return rope(k_norm(wk(h)).view({b, t, 1, dim}), positions).view({b, t, dim});
+  return rotate(k_norm(wk(h)).view({b, t, 1, dim}), pos).view({b, t, dim});
 }
 
-torch::Tensor DsaIndexerImpl::scores(const torch::Tensor& h, const torch::Tensor& keys, const torch::Tensor& positions) {
+torch::Tensor DsaIndexerImpl::scores(const torch::Tensor& h, const torch::Tensor& keys, const RotaryPositions& pos) {
   const int64_t b = h.size(0), t = h.size(1), s = keys.size(1);
-  auto q = rope(wq(h).view({b, t, heads, dim}), positions);
+  auto q = rotate(wq(h).view({b, t, heads, dim}), pos);
   auto w = weights_proj(h) * (1.0 / std::sqrt(static_cast<double>(heads * dim)));
   auto kt = keys.transpose(1, 2);  // [B, d_I, S]
   const int64_t chunk = std::max<int64_t>(1, kChunkElements / std::max<int64_t>(1, b * heads * s));

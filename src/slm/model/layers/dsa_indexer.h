@@ -13,6 +13,7 @@
 // keys: the last dsa_local_window of them always, the rest by score (ties to the earlier position). k depends
 // on the position, not on the chunk, so prefill and decode select the same keys.
 #include "slm/model/decode_state.h"
+#include "slm/model/layers/rope.h"
 #include "slm/model/modules.h"
 #include "slm/recipe/recipe.h"
 
@@ -50,10 +51,10 @@ TORCH_MODULE(LayerNorm);
 class DsaIndexerImpl : public torch::nn::Module {
  public:
   DsaIndexerImpl(const Recipe& recipe, int64_t window, const torch::TensorOptions& options);
-  // Keys [B, T, d_I] of h [B, T, D] at rotary positions [B or 1, T] (attention.h positions()).
-  torch::Tensor keys(const torch::Tensor& h, const torch::Tensor& positions);
-  // Scores [B, T, S] of queries h [B, T, D] (rotary positions [B or 1, T]) against keys [B, S, d_I]; not masked.
-  torch::Tensor scores(const torch::Tensor& h, const torch::Tensor& keys, const torch::Tensor& positions);
+  // Keys [B, T, d_I] of h [B, T, D] at rotary positions pos (rope.h positions()).
+  torch::Tensor keys(const torch::Tensor& h, const RotaryPositions& pos);
+  // Scores [B, T, S] of queries h [B, T, D] (at rotary positions pos) against keys [B, S, d_I]; not masked.
+  torch::Tensor scores(const torch::Tensor& h, const torch::Tensor& keys, const RotaryPositions& pos);
 
   // The main attention of a DSA layer for the core's q [B, H, T, dk], k [B, KV, S, dk], v [B, KV, S, dv]
   // (queries at S-T..), given the normalised layer input h [B, T, D]. With a cache, the indexer keys of h are
@@ -67,13 +68,14 @@ class DsaIndexerImpl : public torch::nn::Module {
   int add_stream(TokenCache& cache, int64_t batch) const;
 
   int64_t heads, dim, rope_dims, local_window, window;
-  double ratio, rope_theta;
+  double ratio;
   DsaStage stage = DsaStage::Sparse;
   Linear wq{nullptr}, wk{nullptr}, weights_proj{nullptr};
   LayerNorm k_norm{nullptr};
 
  private:
-  torch::Tensor rope(const torch::Tensor& x, const torch::Tensor& positions) const;
+  torch::Tensor rotate(const torch::Tensor& x, const RotaryPositions& pos) const;  // RoPE on the first rope_dims
+  Rope rope_;
   torch::Tensor loss_;
 };
 TORCH_MODULE(DsaIndexer);

@@ -4,7 +4,6 @@
 
 #include <cmath>
 
-#include "slm/model/layers/attention.h"
 #include "slm/ops/attention.h"
 
 namespace slm::model {
@@ -17,8 +16,8 @@ MlaImpl::MlaImpl(const Recipe& r, const LayerPlan& plan, const torch::TensorOpti
       rope_dim(r.attention->mla.qk_rope_head_dim),
       v_dim(r.attention->mla.v_head_dim),
       window(plan.window_tokens),
-      rope_theta(r.attention->rope_theta),
-      scale(1.0 / std::sqrt(static_cast<double>(nope_dim + rope_dim))) {
+      scale(1.0 / std::sqrt(static_cast<double>(nope_dim + rope_dim))),
+      rope(rope_dim, r.attention->rope_theta) {
   const int64_t d = r.d_model, qk = nope_dim + rope_dim;
   if (q_lora_rank > 0) {
     wq_a = register_module("wq_a", Linear(d, q_lora_rank, options));
@@ -43,10 +42,10 @@ torch::Tensor MlaImpl::forward(const torch::Tensor& h, TokenCache* cache, bool a
   const auto pos = positions(h, cache, docs);
   auto q = (wq ? wq(h) : wq_b(q_a_norm(wq_a(h)))).view({b, t, heads, nope_dim + rope_dim});
   auto q_nope = q.narrow(3, 0, nope_dim);
-  auto q_rope = apply_rope(q.narrow(3, nope_dim, rope_dim), pos, rope_theta);
+  auto q_rope = rope(q.narrow(3, nope_dim, rope_dim), pos);
   auto kv = wkv_a(h);
   auto latent = kv_a_norm(kv.narrow(2, 0, kv_lora_rank));
-  auto k_rope = apply_rope(kv.narrow(2, kv_lora_rank, rope_dim).unsqueeze(2), pos, rope_theta).squeeze(2);
+  auto k_rope = rope(kv.narrow(2, kv_lora_rank, rope_dim).unsqueeze(2), pos).squeeze(2);
   if (cache) {
     latent = cache->write(0, latent);
     k_rope = cache->write(1, k_rope);

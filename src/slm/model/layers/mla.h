@@ -13,6 +13,7 @@
 // which is MQA with one (kv_lora + rope)-dim key and one kv_lora-dim value per token.
 #include "slm/model/decode_state.h"
 #include "slm/model/layers/dsa_indexer.h"
+#include "slm/model/layers/rope.h"
 #include "slm/model/modules.h"
 #include "slm/recipe/plan.h"
 #include "slm/recipe/recipe.h"
@@ -28,7 +29,8 @@ class MlaImpl : public torch::nn::Module {
   std::unique_ptr<TokenCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const;
 
   int64_t heads, q_lora_rank, kv_lora_rank, nope_dim, rope_dim, v_dim, window;
-  double rope_theta, scale;
+  double scale;
+  Rope rope;  // on the qk_rope_head_dim dims of queries and the shared key
   Linear wq_a{nullptr}, wq_b{nullptr}, wq{nullptr}, wkv_a{nullptr}, wkv_b{nullptr}, wo{nullptr};
   RMSNorm q_a_norm{nullptr}, kv_a_norm{nullptr};
   DsaIndexer indexer{nullptr};  // DSA layers only
