@@ -1,5 +1,8 @@
 // Inference: prefill + token-by-token decode reproduce the full forward; rollback; capacity; MTP drafts.
 #include "model_test_util.h"
+#ifdef SLM_WITH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
 
 using namespace slm;
 using namespace slm::test;
@@ -72,7 +75,7 @@ TEST(Decode, RollbackDropsTokensInPlace) {
   auto expected2 = m->forward(torch::cat({prefix, branch_b.narrow(1, 0, 4), branch_a.narrow(1, 0, 3)}, 1)).logits;
   EXPECT_LE(max_abs_diff(verify, expected2.narrow(1, 24, 3)), 1e-4);
   EXPECT_EQ(state.tokens.data_ptr(), storage);
-  EXPECT_THROW(state.rollback(7), Error);   // beyond max_rollback
+  EXPECT_THROW(state.rollback(7), Error);  // beyond max_rollback
   EXPECT_THROW(state.rollback(-1), Error);
   auto fresh = m->new_state(1, 8, 6);
   m->prefill(prefix.narrow(1, 0, 3), fresh);
@@ -124,4 +127,33 @@ TEST(Decode, DraftNeedsMtpModules) {
   auto state = m.new_state(1, 4);
   m.prefill(random_tokens(1, 2, 13, 19), state);
   EXPECT_THROW(m.draft(state, torch::zeros({1}, torch::kLong)), Error);
+}
+
+// The decode path of attention (rotary tables, a binding window) and MoE (gathered experts) on the GPU: with the sync
+// debug mode at "error", any read back to the host inside a step (a .cpu(), an .item(), a bincount) throws.
+TEST(Decode, CudaDecodeStepsReadNothingBackToTheHost) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+#ifdef SLM_WITH_CUDA
+  model::HybridLM m(tiny_ae(), torch::TensorOptions().device(torch::kCUDA));
+  randomize(m, 26);
+  m.eval();
+  torch::NoGradGuard no_grad;
+  const int64_t prompt = 32, total = 40;  // past layer 0's 16-token window
+  auto tokens = random_tokens(1, total, 384, 20).cuda();
+  auto full = m.forward(tokens).logits;
+  auto state = m.new_state(1, total);
+  m.prefill(tokens.narrow(1, 0, prompt), state);
+  std::vector<torch::Tensor> steps;
+  torch::cuda::synchronize();
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  EXPECT_NO_THROW({
+    for (int64_t t = prompt; t < total; ++t) steps.push_back(m.decode(tokens.select(1, t), state));
+  });
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  ASSERT_EQ(static_cast<int64_t>(steps.size()), total - prompt);
+  for (int64_t t = prompt; t < total; ++t)
+    EXPECT_LE(max_abs_diff(steps[t - prompt].cpu(), full.select(1, t).cpu()), 1e-3) << t;
+#else
+  GTEST_SKIP() << "built without CUDA";
+#endif
 }

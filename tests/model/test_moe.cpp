@@ -300,3 +300,51 @@ TEST(MoE, CudaGroupedDispatchMatchesTheLoopUnderAutocast) {
   c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
 #endif
 }
+
+TEST(MoE, GatheredExpertsEqualTheLoopInFloat64) {
+  single_threaded();
+  model::MoE m(moe_recipe(), torch::TensorOptions().dtype(torch::kDouble));
+  torch::manual_seed(13);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->parameters()) p.normal_(0.0, 0.3);
+  }
+  // One token is a decode step; several tokens share experts (the loop then runs an expert on two rows).
+  for (int64_t n : {1, 2, 5, 16}) {
+    auto u = torch::randn({n, 16}, torch::kDouble);
+    auto up = torch::randn({n, 16}, torch::kDouble);
+    auto gathered = output_and_grads(*m, u, up, model::gathered_experts);
+    auto loop = output_and_grads(*m, u, up, model::loop_experts);
+    const char* names[] = {"output", "input", "w13", "w2", "router"};
+    for (size_t i = 0; i < gathered.size(); ++i) EXPECT_LT(rel_diff(gathered[i], loop[i]), 1e-12) << names[i] << n;
+    auto routing = m->route_tokens(u);
+    EXPECT_LT(rel_diff(model::gathered_experts(u, routing, *m->experts),
+                       model::dense_experts_reference(u, routing, *m->experts)),
+              1e-12)
+        << n;
+  }
+}
+
+TEST(MoE, Nvfp4ExpertsAreNeverGathered) {
+  single_threaded();
+  auto m = random_moe();
+  torch::manual_seed(14);
+  auto u = torch::randn({1, 16});
+  auto routing = m->route_tokens(u);
+  // bmm cannot read NVFP4 codes: a decode step keeps the per-expert loop (nvfp4::linear), which computes with the
+  // dequantized weights.
+  auto q13 = nvfp4::quantize(m->experts->w13.detach()), q2 = nvfp4::quantize(m->experts->w2.detach());
+  model::Experts dequantized(8, 16, 12, torch::TensorOptions());
+  {
+    torch::NoGradGuard no_grad;
+    dequantized->w13.copy_(nvfp4::dequantize(q13, torch::kFloat));
+    dequantized->w2.copy_(nvfp4::dequantize(q2, torch::kFloat));
+  }
+  m->experts->use_nvfp4("w13", q13, "w13");
+  m->experts->use_nvfp4("w2", q2, "w2");
+  EXPECT_THROW(model::gathered_experts(u, routing, *m->experts), Error);
+  torch::NoGradGuard no_grad;
+  EXPECT_LT(max_abs_diff(model::dispatch_experts(u, routing, *m->experts),
+                         model::dense_experts_reference(u, routing, *dequantized)),
+            1e-5);
+}

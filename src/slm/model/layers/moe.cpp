@@ -13,6 +13,11 @@ namespace {
 torch::ScalarType router_dtype(const torch::Tensor& u) {
   return u.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
 }
+
+// gathered_experts copies the weights of every assignment; loop_experts reads each selected expert once but sorts,
+// reads the counts on the host and launches per expert. On the GPU the host read stalls the stream (and rules out
+// CUDA graphs), so a decode step of up to this many assignments gathers.
+constexpr int64_t kMaxGatheredAssignments = 8;
 }  // namespace
 
 Routing route(const torch::Tensor& router_logits, const torch::Tensor& bias, int64_t k, double scaling_factor) {
@@ -130,7 +135,27 @@ torch::Tensor grouped_experts(const torch::Tensor& u, const Routing& routing, co
   return combine(ys, s, routing, u.size(0));
 }
 
+torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
+  if (!experts.q13.empty() || !experts.q2.empty())
+    throw Error("gathered_experts: the experts run NVFP4 weights, which bmm cannot read (use loop_experts)");
+  const int64_t n = u.size(0), d = u.size(1), k = routing.experts.size(1);
+  auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
+  auto x = u.unsqueeze(1).expand({n, k, d}).reshape({n * k, 1, d});
+  // The stacked weights are [E, out, in] like nn.Linear: the gathered [N*k, out, in] transposed is bmm's right side.
+  auto h = torch::bmm(x, experts.w13.index_select(0, ids).transpose(1, 2));
+  auto y = torch::bmm(swiglu_activation(h), experts.w2.index_select(0, ids).transpose(1, 2)).view({n, k, d});
+  return (y * routing.weights.to(y.scalar_type()).unsqueeze(-1)).sum(1);
+}
+
+bool gathered_experts_pay(const torch::Tensor& u, int64_t k, const ExpertsImpl& experts) {
+  // On the CPU the counts are read for free and the copy costs more than the loop's per-expert calls, 0.75x at one
+  // token of specialist-small (decode_bench --moe-paths, bench/RESULTS.md).
+  if (!u.is_cuda() || !experts.q13.empty() || !experts.q2.empty()) return false;
+  return u.size(0) * k <= kMaxGatheredAssignments;
+}
+
 torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
+  if (gathered_experts_pay(u, routing.experts.size(1), experts)) return gathered_experts(u, routing, experts);
   return use_grouped(u, experts) ? grouped_experts(u, routing, experts) : loop_experts(u, routing, experts);
 }
 

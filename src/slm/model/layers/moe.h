@@ -21,9 +21,19 @@ Routing route(const torch::Tensor& router_logits, const torch::Tensor& bias, int
 class ExpertsImpl;
 
 // Routed-expert output for u [N, D]: assignments sorted by expert (dropless), each expert run on its
-// contiguous slice, scaled by its gate and summed back per token with index_add. grouped_experts on CUDA in
-// BF16 with dense weights, loop_experts otherwise (fp32/fp64, the CPU, NVFP4 expert weights).
+// contiguous slice, scaled by its gate and summed back per token with index_add. On CUDA with dense weights:
+// gathered_experts for a decode step's few assignments (gathered_experts_pay), grouped_experts in BF16; loop_experts
+// otherwise (fp32/fp64 prefill and training on CUDA, the CPU, NVFP4 expert weights).
 torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
+
+// Each of the N*k assignments gathers its expert's weights from the stacked tensors (index_select) and all run as
+// one batched matmul per projection: no sort, no per-expert loop, no host sync. It copies k*N expert matrices per
+// call, so it is for decode-sized N. Dense weights only (an NVFP4 expert's codes cannot be multiplied by bmm).
+torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
+
+// Whether dispatch_experts takes gathered_experts for u [N, D] with k experts per token: dense weights on CUDA and
+// N*k <= 8 (the CPU measurements behind leaving the CPU out: bench/RESULTS.md, "Batch-1 decode").
+bool gathered_experts_pay(const torch::Tensor& u, int64_t k, const ExpertsImpl& experts);
 
 // One matmul pair per expert that received tokens; reads the per-expert counts on the host (a sync).
 torch::Tensor loop_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
