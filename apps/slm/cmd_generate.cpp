@@ -1,6 +1,7 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "slm/model/weights.h"
 #include "slm/train/checkpoint.h"
 #include "slm/train/evaluate.h"
+#include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 
@@ -31,6 +33,7 @@ struct GenerateOptions {
   int64_t top_k = 0;
   double top_p = 1.0;
   bool stop_at_eos = false;
+  std::string device = "cpu";
 };
 
 void run_generate(GenerateOptions o) {
@@ -38,6 +41,7 @@ void run_generate(GenerateOptions o) {
   if (!o.checkpoint.empty())  // a run directory means its latest checkpoint
     if (auto latest = train::latest_checkpoint(o.checkpoint); !latest.empty()) o.checkpoint = latest;
   if (o.max_tokens < 1) throw Error("--max-tokens must be at least 1");
+  const torch::Device device = parse_device(o.device);
   std::string tokenizer = o.tokenizer;
   if (tokenizer.empty() && !o.checkpoint.empty()) tokenizer = train::checkpoint_tokenizer(o.checkpoint);
   const bool bytes = tokenizer.empty() || tokenizer == "byte";
@@ -46,8 +50,11 @@ void run_generate(GenerateOptions o) {
                 std::to_string(data::ByteTokenizer::kVocabSize) + " ids");
   std::cerr << "slm: tokenizer " << (bytes ? "byte-level" : tokenizer) << "\n";
   torch::manual_seed(o.seed);
-  model::HybridLM m(r);
+  model::HybridLM m(r);  // initialized on the CPU, so a seed gives the same random weights on every device
   m.eval();
+  // Moved before the weights load: NVFP4 matrices, which are no registered tensors, are placed on the device of the
+  // weight they replace as they load.
+  m.to(device);
   if (o.checkpoint.empty()) {
     std::cerr << "slm: warning: no checkpoint loaded: the weights are RANDOM (initialized from seed " << o.seed
               << "), so the output is noise\n";
@@ -62,17 +69,26 @@ void run_generate(GenerateOptions o) {
   go.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
 
   std::vector<int64_t> ids;
+  model::GenerationStats stats;
   if (!bytes) {
     auto tok = data::Tokenizer::load(tokenizer);
-    ids = model::generate_text(m, tok, o.prompt, go, [](const std::string& t) { std::cout << t << std::flush; });
+    ids = model::generate_text(
+        m, tok, o.prompt, go, [](const std::string& t) { std::cout << t << std::flush; }, &stats);
   } else {
     data::ByteTokenizer tok;
-    ids = model::generate_byte_text(m, o.prompt, go, o.stop_at_eos,
-                                    [&](int64_t id) { std::cout << tok.display(id) << std::flush; });
+    ids = model::generate_byte_text(
+        m, o.prompt, go, o.stop_at_eos, [&](int64_t id) { std::cout << tok.display(id) << std::flush; }, &stats);
   }
   std::cout << "\n";
   std::cerr << "slm: generated " << ids.size() << " tokens:";
   for (int64_t id : ids) std::cerr << " " << id;
+  std::cerr << "\n";
+  std::cerr << "slm: " << o.device << ": prefill of " << stats.prompt_tokens << " tokens + first token " << std::fixed
+            << std::setprecision(1) << stats.prefill_s * 1e3 << " ms";
+  if (stats.decode_steps > 0)
+    std::cerr << "; decode " << stats.decode_steps << " tokens in " << std::setprecision(3) << stats.decode_s
+              << " s = " << std::setprecision(1) << static_cast<double>(stats.decode_steps) / stats.decode_s
+              << " tokens/s";
   std::cerr << "\n";
 }
 
@@ -95,6 +111,7 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
   g->add_option("--top-k", o->top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
   g->add_option("--top-p", o->top_p, "sample from the smallest set with this much mass")->capture_default_str();
+  g->add_option("--device", o->device, "where the model runs: cpu or cuda")->capture_default_str();
   g->add_flag("--stop-at-eos", o->stop_at_eos,
               "byte-level: stop when <eos> is sampled (the code tokenizer always does)");
   g->callback([o] { run_generate(*o); });

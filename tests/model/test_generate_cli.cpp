@@ -22,7 +22,8 @@ struct SplitCliResult {
 
 SplitCliResult run(const std::string& args) {
   static int counter = 0;
-  std::string err_path = testing::TempDir() + "/slm_model_cli_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".err";
+  std::string err_path =
+      testing::TempDir() + "/slm_model_cli_" + std::to_string(getpid()) + "_" + std::to_string(counter++) + ".err";
   std::string cmd = "OMP_NUM_THREADS=1 " + std::string(SLM_BINARY) + " " + args + " 2>" + err_path;
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
@@ -64,7 +65,7 @@ TEST(GenerateCli, PrintsSixteenTokensDeterministically) {
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(ids, generated_ids(b.err));
   SplitCliResult c = run("generate --recipe " + source_path("recipes/tiny-ae.json") +
-              " --prompt \"int main(\" --max-tokens 16 --seed 1 --temperature 0");
+                         " --prompt \"int main(\" --max-tokens 16 --seed 1 --temperature 0");
   ASSERT_EQ(c.code, 0) << c.err;
   EXPECT_EQ(generated_ids(c.err).size(), 16u);
 }
@@ -95,6 +96,30 @@ TEST(GenerateCli, CodeTokenizerPrintsTheDecodedIds) {
   EXPECT_EQ(a.out, tok.decode(text_ids) + "\n");
 }
 
+// --device: the CPU gives the default run's tokens and reports its speed; a device that is not there is refused.
+TEST(GenerateCli, DeviceFlagRunsWhereAskedAndRefusesWhatIsMissing) {
+  const std::string args = "generate --recipe " + source_path("recipes/tiny-ae.json") +
+                           " --prompt \"int main(\" --max-tokens 8 --seed 2 --temperature 0";
+  SplitCliResult plain = run(args), cpu = run(args + " --device cpu");
+  ASSERT_EQ(cpu.code, 0) << cpu.err;
+  EXPECT_EQ(generated_ids(cpu.err), generated_ids(plain.err));
+  EXPECT_EQ(generated_ids(cpu.err).size(), 8u);
+  EXPECT_NE(cpu.err.find("cpu: prefill of 10 tokens"), std::string::npos) << cpu.err;  // BOS + 9 bytes
+  EXPECT_NE(cpu.err.find("decode 7 tokens in"), std::string::npos) << cpu.err;
+  EXPECT_NE(cpu.err.find("tokens/s"), std::string::npos) << cpu.err;
+  SplitCliResult bogus = run(args + " --device tpu");
+  EXPECT_EQ(bogus.code, 2);
+  EXPECT_NE(bogus.err.find("--device must be cpu or cuda (got 'tpu')"), std::string::npos) << bogus.err;
+  SplitCliResult cuda = run(args + " --device cuda");
+  if (torch::cuda::is_available()) {
+    EXPECT_EQ(cuda.code, 0) << cuda.err;
+    EXPECT_EQ(generated_ids(cuda.err).size(), 8u) << cuda.err;
+  } else {
+    EXPECT_EQ(cuda.code, 2);
+    EXPECT_NE(cuda.err.find("--device cuda: "), std::string::npos) << cuda.err;
+  }
+}
+
 TEST(GenerateCli, RunsTheEveryFeatureRecipe) {
   // DSA, MLA, Engram, mHC and MTP on at once (recipes/tiny-full.json): prefill and cached decode through all of them.
   auto args = "generate --recipe " + source_path("recipes/tiny-full.json") +
@@ -108,8 +133,8 @@ TEST(GenerateCli, RunsTheEveryFeatureRecipe) {
 // A libtorch error (here its CPU allocator refusing the decode cache of 10^15 tokens) is one line, not libtorch's C++
 // stack; --verbose, before or after the subcommand, keeps the stack.
 TEST(GenerateCli, ALibtorchErrorIsItsMessageWithoutTheBacktrace) {
-  const auto args = "generate --recipe " + source_path("recipes/tiny-hybrid.json") +
-                    " --prompt x --max-tokens 1000000000000000";
+  const auto args =
+      "generate --recipe " + source_path("recipes/tiny-hybrid.json") + " --prompt x --max-tokens 1000000000000000";
   const SplitCliResult plain = run(args);
   EXPECT_EQ(plain.code, 1) << plain.err;
   EXPECT_NE(plain.err.find("slm: internal error: [enforce fail at alloc_cpu.cpp"), std::string::npos) << plain.err;

@@ -1,11 +1,10 @@
 // Weights files: a saved model reloads bit-exactly; every kind of mismatch is refused and leaves the model as it was.
 #include <sys/wait.h>
 
-#include <filesystem>
-#include <fstream>
-
 #include <array>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 
 #include "model_test_util.h"
 #include "slm/model/weights.h"
@@ -15,7 +14,9 @@ using namespace slm::test;
 
 namespace {
 
-std::string temp_file(const std::string& name) { return testing::TempDir() + "/" + name; }
+std::string temp_file(const std::string& name) {
+  return testing::TempDir() + "/" + name;
+}
 
 void expect_load_error(model::HybridLM& m, const std::string& path, const std::string& fragment) {
   auto before = m.forward(random_tokens(1, 8, m.recipe().vocab_size, 3)).logits;
@@ -100,7 +101,10 @@ TEST(Weights, GenerateUsesTheCheckpoint) {
   auto [code_random, err_random] = run("");
   EXPECT_NE(err_random.find("RANDOM"), std::string::npos);
   // The trained (here: randomized) weights change what is generated.
-  auto ids = [](const std::string& e) { return e.substr(e.find("generated")); };
+  auto ids = [](const std::string& e) {  // the "generated N tokens: ..." line (the timings after it always differ)
+    const auto at = e.find("generated");
+    return e.substr(at, e.find('\n', at) - at);
+  };
   EXPECT_NE(ids(err), ids(err_random));
   auto [code_bad, err_bad] = run("--checkpoint " + temp_file("nope.safetensors"));
   EXPECT_EQ(code_bad, 2);

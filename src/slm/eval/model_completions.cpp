@@ -10,6 +10,7 @@
 #include "slm/recipe/recipe.h"
 #include "slm/train/checkpoint.h"
 #include "slm/train/evaluate.h"
+#include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 
@@ -34,9 +35,7 @@ Recipe checkpoint_recipe(const std::string& checkpoint) {
 
 ModelCompletions::ModelCompletions(ModelSpec spec) : spec_(std::move(spec)) {
   if (spec_.max_tokens < 1) throw Error("--max-tokens must be at least 1");
-  if (spec_.device != "cpu" && spec_.device != "cuda")
-    throw Error("--device must be cpu or cuda (got '" + spec_.device + "')");
-  if (spec_.device == "cuda" && !torch::cuda::is_available()) throw Error("--device cuda: no CUDA device is available");
+  const torch::Device device = parse_device(spec_.device);
   if (!spec_.checkpoint.empty()) {
     if (::access(spec_.checkpoint.c_str(), F_OK) != 0) throw Error(spec_.checkpoint + ": no such checkpoint");
     if (auto latest = train::latest_checkpoint(spec_.checkpoint); !latest.empty()) spec_.checkpoint = latest;
@@ -47,7 +46,6 @@ ModelCompletions::ModelCompletions(ModelSpec spec) : spec_(std::move(spec)) {
   std::string tokenizer = spec_.tokenizer;
   if (tokenizer.empty() && !spec_.checkpoint.empty()) tokenizer = train::checkpoint_tokenizer(spec_.checkpoint);
   if (!tokenizer.empty() && tokenizer != "byte") tokenizer_ = data::Tokenizer::load(tokenizer);
-  const torch::Device device = spec_.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   torch::manual_seed(spec_.seed);
   model_ = std::make_unique<model::HybridLM>(recipe, torch::TensorOptions().dtype(torch::kFloat).device(device));
   model_->eval();

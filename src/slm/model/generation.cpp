@@ -1,5 +1,6 @@
 #include "slm/model/generation.h"
 
+#include <chrono>
 #include <limits>
 
 #include "slm/data/byte_tokenizer.h"
@@ -24,7 +25,7 @@ bool reached_stop(const std::string& text, size_t added, const std::vector<std::
 }  // namespace
 
 std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& prompt, const GenerationOptions& o,
-                              const std::function<bool(int64_t)>& on_token) {
+                              const std::function<bool(int64_t)>& on_token, GenerationStats* stats) {
   if (prompt.empty()) throw Error("generate: the prompt must hold at least one token");
   if (o.max_tokens < 1) throw Error("generate: max_tokens must be at least 1");
   const auto vocab = model.recipe().vocab_size;
@@ -36,6 +37,16 @@ std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& promp
   const auto device = model.embed->weight.device();
   Sampler sampler(o.sampling);
   const auto n = static_cast<int64_t>(prompt.size());
+  GenerationStats timing;
+  timing.prompt_tokens = n;
+  auto start = std::chrono::steady_clock::now();
+  // Seconds since start, restarting the clock.
+  auto lap = [&start] {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - start).count();
+    start = now;
+    return s;
+  };
   auto state = model.new_state(1, n + o.max_tokens);
   auto logits = model.prefill(torch::tensor(prompt, torch::kLong).unsqueeze(0).to(device), state).select(1, n - 1);
   torch::Tensor banned = o.banned.defined() ? o.banned.to(device) : torch::Tensor();
@@ -43,16 +54,23 @@ std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& promp
   for (int64_t i = 0; i < o.max_tokens; ++i) {
     if (banned.defined()) logits = logits.masked_fill(banned, -std::numeric_limits<float>::infinity());
     auto next = sampler.sample(logits);
-    const int64_t id = next.item<int64_t>();
+    const int64_t id = next.item<int64_t>();  // waits for the device: the step's time is all in
+    (i == 0 ? timing.prefill_s : timing.decode_s) += lap();
     out.push_back(id);
     if ((on_token && !on_token(id)) || id == o.stop_id) break;
-    if (i + 1 < o.max_tokens) logits = model.decode(next, state);
+    if (i + 1 < o.max_tokens) {
+      lap();  // the callback's time is not the model's
+      logits = model.decode(next, state);
+      ++timing.decode_steps;
+    }
   }
+  if (stats) *stats = timing;
   return out;
 }
 
 std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tok, const std::string& prompt,
-                                   GenerationOptions o, const std::function<void(const std::string&)>& on_text) {
+                                   GenerationOptions o, const std::function<void(const std::string&)>& on_text,
+                                   GenerationStats* stats) {
   const int64_t vocab = model.recipe().vocab_size;
   if (static_cast<int64_t>(tok.vocab_size()) > vocab)
     throw Error("generate: the tokenizer's " + std::to_string(tok.vocab_size()) +
@@ -67,19 +85,23 @@ std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tok, 
   o.stop_id = tok.eos_id();
   data::Detokenizer detok(tok);
   std::string generated;
-  auto out = generate(model, ids, o, [&](int64_t id) {
-    std::string text = detok.push(static_cast<uint32_t>(id));
-    if (text.empty()) return true;
-    if (on_text) on_text(text);
-    generated += text;
-    return !reached_stop(generated, text.size(), o.stop_texts);
-  });
+  auto out = generate(
+      model, ids, o,
+      [&](int64_t id) {
+        std::string text = detok.push(static_cast<uint32_t>(id));
+        if (text.empty()) return true;
+        if (on_text) on_text(text);
+        generated += text;
+        return !reached_stop(generated, text.size(), o.stop_texts);
+      },
+      stats);
   if (std::string rest = detok.flush(); on_text && !rest.empty()) on_text(rest);
   return out;
 }
 
 std::vector<int64_t> generate_byte_text(HybridLM& model, const std::string& prompt, GenerationOptions o,
-                                        bool stop_at_eos, const std::function<void(int64_t)>& on_id) {
+                                        bool stop_at_eos, const std::function<void(int64_t)>& on_id,
+                                        GenerationStats* stats) {
   const int64_t vocab = model.recipe().vocab_size;
   if (vocab < data::ByteTokenizer::kVocabSize)
     throw Error("generate: vocab_size " + std::to_string(vocab) + " is smaller than the byte tokenizer's " +
@@ -90,12 +112,15 @@ std::vector<int64_t> generate_byte_text(HybridLM& model, const std::string& prom
   o.stop_id = stop_at_eos ? data::ByteTokenizer::kEos : -1;
   const auto ids = data::ByteTokenizer().encode(prompt, /*add_bos=*/true);
   std::string generated;
-  return generate(model, std::vector<int64_t>(ids.begin(), ids.end()), o, [&](int64_t id) {
-    if (on_id) on_id(id);
-    if (id >= 256) return true;
-    generated += static_cast<char>(id);
-    return !reached_stop(generated, 1, o.stop_texts);
-  });
+  return generate(
+      model, std::vector<int64_t>(ids.begin(), ids.end()), o,
+      [&](int64_t id) {
+        if (on_id) on_id(id);
+        if (id >= 256) return true;
+        generated += static_cast<char>(id);
+        return !reached_stop(generated, 1, o.stop_texts);
+      },
+      stats);
 }
 
 }  // namespace slm::model

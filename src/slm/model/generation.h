@@ -23,20 +23,31 @@ struct GenerationOptions {
   std::vector<std::string> stop_texts;
 };
 
+// Where a generation's time went (wall clock, the callbacks excluded). The first token comes out of the prompt's
+// prefill; every later one costs a decode step. Sampling, which reads each id back to the host, is included.
+struct GenerationStats {
+  int64_t prompt_tokens = 0;
+  double prefill_s = 0;      // prefill of the prompt and the first token's sampling
+  int64_t decode_steps = 0;  // tokens after the first
+  double decode_s = 0;
+};
+
 // prompt: at least one id. on_token (optional) sees each new id as it is produced; returning false stops.
-// Returns the generated ids (the prompt excluded).
+// Returns the generated ids (the prompt excluded). stats (optional) receives the timings.
 std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& prompt, const GenerationOptions& options,
-                              const std::function<bool(int64_t)>& on_token = {});
+                              const std::function<bool(int64_t)>& on_token = {}, GenerationStats* stats = nullptr);
 
 // Text in, text out with the code tokenizer: the prompt becomes BOS + its ids; specials other than EOS and ids past
 // the tokenizer's vocabulary are never sampled; generation stops at EOS. on_text receives whole UTF-8 characters
 // as they complete (byte-fallback ids can split one). options.banned and stop_id are set here.
 std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tokenizer, const std::string& prompt,
-                                   GenerationOptions options, const std::function<void(const std::string&)>& on_text);
+                                   GenerationOptions options, const std::function<void(const std::string&)>& on_text,
+                                   GenerationStats* stats = nullptr);
 
 // The same with the byte-level tokenizer (data::ByteTokenizer): the prompt becomes BOS + its bytes; only byte ids
 // and EOS are ever sampled; EOS ends generation when stop_at_eos. on_id sees each new id.
 std::vector<int64_t> generate_byte_text(HybridLM& model, const std::string& prompt, GenerationOptions options,
-                                        bool stop_at_eos, const std::function<void(int64_t)>& on_id);
+                                        bool stop_at_eos, const std::function<void(int64_t)>& on_id,
+                                        GenerationStats* stats = nullptr);
 
 }  // namespace slm::model

@@ -11,6 +11,7 @@
 #include "slm/model/weights.h"
 #include "slm/recipe/recipe.h"
 #include "slm/train/checkpoint.h"
+#include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 
@@ -291,10 +292,7 @@ CheckpointScores evaluate_checkpoint(const CheckpointEval& req) {
     out.tokenizer = tokenizer;
   }
 
-  if (req.device != "cpu" && req.device != "cuda")
-    throw Error("--device must be cpu or cuda (got '" + req.device + "')");
-  if (req.device == "cuda" && !torch::cuda::is_available()) throw Error("--device cuda: no CUDA device is available");
-  const torch::Device device = req.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  const torch::Device device = parse_device(req.device);
   model::HybridLM m(recipe, torch::TensorOptions().dtype(torch::kFloat).device(device));
   model::load_weights(m, out.weights);
   out.nvfp4_weights = static_cast<int64_t>(model::nvfp4_weights(m).size());

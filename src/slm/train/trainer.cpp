@@ -31,6 +31,7 @@
 #include "slm/train/flops.h"
 #include "slm/train/memory.h"
 #include "slm/train/profile.h"
+#include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 
@@ -53,19 +54,25 @@ std::vector<data::ShardSource> find_sources(const TrainConfig& cfg, const std::s
     if (std::none_of(out.begin(), out.end(), [&](const auto& s) { return s.name == d; }) && split == "train")
       throw Error("--mix names domain '" + d + "', which has no train shards under " + cfg.data);
   if (out.empty() && split == "train")
-    throw Error(cfg.data + ": no token shards: neither <prefix>-NNNNN.slmtok nor <domain>/train-NNNNN.slmtok (build "
+    throw Error(cfg.data +
+                ": no token shards: neither <prefix>-NNNNN.slmtok nor <domain>/train-NNNNN.slmtok (build "
                 "them with `slm data shard`)");
   return out;
 }
 
-double now_s(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double now_s(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 std::string fmt_duration(double s) {
   char buf[32];
   const long t = std::lround(s);
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
-  else if (t >= 60) std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%lds", t);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%ldh%02ldm", t / 3600, (t / 60) % 60);
+  else if (t >= 60)
+    std::snprintf(buf, sizeof buf, "%ldm%02lds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lds", t);
   return buf;
 }
 
@@ -235,8 +242,7 @@ void validate(const TrainConfig& c) {
   if (c.grad_clip < 0) throw Error("--grad-clip must be >= 0");
   if (c.max_bad_steps < 1) throw Error("--max-bad-steps must be >= 1");
   if (c.out.empty()) throw Error("--out (the run directory) is required");
-  if (c.device != "cpu" && c.device != "cuda") throw Error("--device must be cpu or cuda (got '" + c.device + "')");
-  if (c.device == "cuda" && !torch::cuda::is_available()) throw Error("--device cuda: no CUDA device is available");
+  parse_device(c.device);  // throws for a name other than cpu and cuda, or cuda without a GPU
   if (c.bucket_elements < 1) throw Error("--bucket-elements must be >= 1");
   for (const auto& [d, w] : c.mix)
     if (!(w > 0)) throw Error("--mix " + d + "=" + std::to_string(w) + ": weights must be > 0");
@@ -279,8 +285,8 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
         const std::string v = std::to_string(shard->vocab_size()), rv = std::to_string(s->recipe.vocab_size);
         throw Error(path + ": tokenized with " + (tok.empty() ? std::string("a tokenizer") : tok) + " (vocabulary " +
                     v + "), which does not fit recipe " + cfg.recipe + " (vocab_size " + rv +
-                    "); shard the data with a tokenizer of at most " + rv + " ids, or train a recipe with vocab_size >= " +
-                    v);
+                    "); shard the data with a tokenizer of at most " + rv +
+                    " ids, or train a recipe with vocab_size >= " + v);
       }
   // A held-out tail (split_sources) is announced: the training data is smaller than the shards by it.
   for (const auto& v : s->validation)
@@ -288,13 +294,16 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
       uint64_t total = 0;
       for (const auto& path : v.shards) total += data::Shard::open(path, /*verify=*/false)->token_count();
       char pct[32];
-      std::snprintf(pct, sizeof pct, "%.1f%%", 100.0 * static_cast<double>(total - v.begin) / static_cast<double>(total));
-      s->notes.push_back("domain '" + v.name + "' has no validation split: its last " + std::to_string(total - v.begin) +
-                         " of " + std::to_string(total) + " tokens (" + pct + ") are held out for validation");
+      std::snprintf(pct, sizeof pct, "%.1f%%",
+                    100.0 * static_cast<double>(total - v.begin) / static_cast<double>(total));
+      s->notes.push_back("domain '" + v.name + "' has no validation split: its last " +
+                         std::to_string(total - v.begin) + " of " + std::to_string(total) + " tokens (" + pct +
+                         ") are held out for validation");
     }
   for (const auto& t : train)
     if (std::none_of(s->validation.begin(), s->validation.end(), [&](const auto& v) { return v.name == t.name; }))
-      s->notes.push_back("domain '" + t.name + "' has no validation split and too few tokens to hold one out: no "
+      s->notes.push_back("domain '" + t.name +
+                         "' has no validation split and too few tokens to hold one out: no "
                          "validation loss for it");
   data::LoaderOptions lo;
   lo.batch_size = cfg.batch;
@@ -557,9 +566,8 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
   const int64_t print_every = std::max<int64_t>(1, total_steps_ / 50);
   const int64_t tokens_per_step = cfg_.batch * cfg_.accum * s_->seq_len;
   if (step_ == 0) *log_ << opt.describe();
-  *log_ << "training " << s_->recipe.name << " for " << total_steps_ << " steps of " << tokens_per_step
-        << " tokens on " << cfg_.device << " (" << s_->loader->num_sources() << " domains), run directory " << cfg_.out
-        << "\n";
+  *log_ << "training " << s_->recipe.name << " for " << total_steps_ << " steps of " << tokens_per_step << " tokens on "
+        << cfg_.device << " (" << s_->loader->num_sources() << " domains), run directory " << cfg_.out << "\n";
   int bad = 0;
   double ema_step_s = 0;
   auto t_run = Clock::now();
@@ -665,12 +673,8 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
     const double tps = static_cast<double>(tokens_per_step) / dt;
     const double mfu = s_->peak_flops > 0 ? tps * s_->flops_per_token / s_->peak_flops : 0;
     if (!finite || step_ % cfg_.log_every == 0 || step_ == total_steps_) {
-      nlohmann::json j = {{"step", step_},
-                          {"loss", loss},
-                          {"lr", mult * cfg_.optim.matrix_lr},
-                          {"lr_multiplier", mult},
-                          {"grad_norm", norms.lm},
-                          {"tokens", s_->tokens_seen},
+      nlohmann::json j = {{"step", step_},         {"loss", loss},          {"lr", mult * cfg_.optim.matrix_lr},
+                          {"lr_multiplier", mult}, {"grad_norm", norms.lm}, {"tokens", s_->tokens_seen},
                           {"tokens_per_s", tps}};
       if (!clip.indexer.empty()) j["indexer_grad_norm"] = norms.indexer;
       if (mfu > 0) j["mfu"] = mfu;
@@ -689,8 +693,9 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
             << loss << ", grad norm " << norms.lm << ", indexer grad norm " << norms.indexer << "); step skipped ("
             << bad << " in a row)\n";
       if (bad >= cfg_.max_bad_steps)
-        throw Error("stopping: " + std::to_string(bad) + " consecutive steps with a non-finite loss or gradient (last at step " +
-                    std::to_string(step_) + "); the last good checkpoint is " +
+        throw Error("stopping: " + std::to_string(bad) +
+                    " consecutive steps with a non-finite loss or gradient (last at step " + std::to_string(step_) +
+                    "); the last good checkpoint is " +
                     (s_->last_checkpoint.empty() ? std::string("(none)") : s_->last_checkpoint) +
                     ". Lower the learning rate or check the data.");
     }
@@ -709,10 +714,12 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
     if (mfu > 0) std::snprintf(mfu_text, sizeof mfu_text, " | MFU %.1f%%", 100 * mfu);
     const double eta = ema_step_s * static_cast<double>(total_steps_ - step_);
     std::snprintf(line, sizeof line, "step %lld/%lld | loss %.4f | lr %.3g | %.0f tok/s%s | ETA %s",
-                  static_cast<long long>(step_), static_cast<long long>(total_steps_), loss, mult * cfg_.optim.matrix_lr,
-                  tps, mfu_text, fmt_duration(eta).c_str());
-    if (tty) *log_ << "\r\033[K" << line << std::flush;
-    else if (step_ % print_every == 0 || step_ == total_steps_) *log_ << line << "\n";
+                  static_cast<long long>(step_), static_cast<long long>(total_steps_), loss,
+                  mult * cfg_.optim.matrix_lr, tps, mfu_text, fmt_duration(eta).c_str());
+    if (tty)
+      *log_ << "\r\033[K" << line << std::flush;
+    else if (step_ % print_every == 0 || step_ == total_steps_)
+      *log_ << line << "\n";
     const bool last = step_ == total_steps_;
     if (((cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) || last) && (!dist || dist->rank() == 0)) log_eval();
     if ((cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0) || last) {
