@@ -1,6 +1,6 @@
 // Batch-1 decode speed of whole models, as a fraction of the memory roofline.
 //   decode_bench [--recipe R]... [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4] [--prompt-tokens 128]
-//                [--steps 64] [--batch 1]
+//                [--steps 64] [--batch 1] [--moe-paths]
 //   (default recipes: recipes/specialist-small.json and recipes/tiny-hybrid.json)
 // Random weights (N(0, 1/fan_in) for matrices, so no projection is the zero matrix a fresh model starts with); with
 // --nvfp4 they go through `slm quantize`'s code (nvfp4::quantize_checkpoint, via a temporary file: there is no
@@ -13,6 +13,8 @@
 // NVFP4 matrices at their packed size) over the memory bandwidth measured in the same run: a copy of 1 GiB on the
 // device, counted as bytes read + written per second (STREAM's convention), best of 5. KV cache and recurrent-state
 // reads are left out, so the roofline is an upper bound.
+// --moe-paths: instead, the routed experts of each recipe's MoE layer alone, model::loop_experts against
+// model::gathered_experts for 1..32 tokens (median of 50 calls each): the measurement behind gathered_experts_pay.
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -24,11 +26,13 @@
 #include <string>
 #include <vector>
 
+#include "median_timer.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
 #include "slm/quant/quantize_checkpoint.h"
 #include "slm/recipe/accounting.h"
 #include "slm/recipe/recipe.h"
+#include "slm/util/device.h"
 #include "slm/util/error.h"
 
 namespace {
@@ -41,6 +45,7 @@ struct Options {
   int64_t prompt = 128;
   int64_t steps = 64;
   int64_t batch = 1;
+  bool moe_paths = false;
 };
 
 constexpr int kWarmup = 2;
@@ -161,6 +166,33 @@ Timing run_decode(slm::model::HybridLM& m, const Options& o, const torch::Device
   return t;
 }
 
+void compare_moe_paths(const slm::Recipe& recipe, const Options& o, const torch::Device& device) {
+  if (!recipe.moe) {
+    std::printf("%s: no MoE layers\n", recipe.name.c_str());
+    return;
+  }
+  const auto dtype = o.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  const auto options = torch::TensorOptions().dtype(dtype).device(device);
+  slm::model::MoE moe(recipe, options);
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  for (auto& p : moe->parameters()) p.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(p.size(-1))));
+  std::printf("%s: %lld experts top-%lld, d %lld, hidden %lld\n", recipe.name.c_str(),
+              static_cast<long long>(moe->num_experts), static_cast<long long>(moe->top_k),
+              static_cast<long long>(recipe.d_model), static_cast<long long>(recipe.moe->expert_hidden));
+  std::printf("%8s %12s %12s %14s %8s\n", "tokens", "loop ms", "gathered ms", "loop/gathered", "rule");
+  for (int64_t n : {1, 2, 4, 8, 16, 32}) {
+    auto u = torch::randn({n, recipe.d_model}, options);
+    auto routing = moe->route_tokens(u);
+    auto time = [&](auto path) {
+      return slm::bench::median_ms([&] { path(u, routing, *moe->experts); }, 50, device.is_cuda());
+    };
+    const double loop = time(slm::model::loop_experts), gathered = time(slm::model::gathered_experts);
+    std::printf("%8lld %12.3f %12.3f %13.2fx %8s\n", static_cast<long long>(n), loop, gathered, loop / gathered,
+                slm::model::gathered_experts_pay(u, moe->top_k, *moe->experts) ? "gather" : "loop");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -173,20 +205,22 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-tokens", o.prompt, "prompt length, prefilled in one call")->capture_default_str();
   app.add_option("--steps", o.steps, "timed decode steps")->capture_default_str();
   app.add_option("--batch", o.batch, "sequences decoded together")->capture_default_str();
+  app.add_flag("--moe-paths", o.moe_paths, "time the MoE layer's routed-expert paths instead of whole models");
   CLI11_PARSE(app, argc, argv);
   try {
-    if (o.device != "cpu" && o.device != "cuda")
-      throw slm::Error("--device must be cpu or cuda (got '" + o.device + "')");
-    if (o.device == "cuda" && !torch::cuda::is_available())
-      throw slm::Error("--device cuda: no CUDA device is available (or this build has no CUDA)");
     if (o.dtype != "fp32" && o.dtype != "bf16")
       throw slm::Error("--dtype must be fp32 or bf16 (got '" + o.dtype + "')");
     if (o.prompt < 1 || o.steps < 1 || o.batch < 1)
       throw slm::Error("--prompt-tokens, --steps and --batch must be at least 1");
+    const torch::Device device = slm::parse_device(o.device);
     if (o.recipes.empty())
       o.recipes = {std::string(SLM_SOURCE_DIR) + "/recipes/specialist-small.json",
                    std::string(SLM_SOURCE_DIR) + "/recipes/tiny-hybrid.json"};
-    const torch::Device device = o.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+    if (o.moe_paths) {
+      std::printf("device %s, %d intra-op threads, %s\n", o.device.c_str(), torch::get_num_threads(), o.dtype.c_str());
+      for (const auto& path : o.recipes) compare_moe_paths(slm::load_recipe(path), o, device);
+      return 0;
+    }
     const double bandwidth = copy_bandwidth(device);
     std::printf(
         "device %s, %d intra-op threads, %s%s, batch %lld, prompt %lld, median of %lld steps after %d warm-up\n",
