@@ -21,7 +21,7 @@ Routing route(const torch::Tensor& router_logits, const torch::Tensor& bias, int
 class ExpertsImpl;
 
 // Routed-expert output for u [N, D]: assignments sorted by expert (dropless), each expert run on its
-// contiguous slice, scaled by its gate and summed back per token with index_add. On CUDA with dense weights:
+// contiguous slice, scaled by its gate and summed back per token. On CUDA with dense weights:
 // gathered_experts for a decode step's few assignments (gathered_experts_pay), grouped_experts in BF16; loop_experts
 // otherwise (fp32/fp64 prefill and training on CUDA, the CPU, NVFP4 expert weights).
 torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
