@@ -6,8 +6,8 @@
 
 namespace slm {
 
-// "cpu", or "cuda" (the first GPU). Anything else, and "cuda" where this libtorch has no CUDA or the machine shows no
-// GPU, is an slm::Error that says which.
+// "cpu", or "cuda" (the first GPU). Anything else, and "cuda" where libtorch sees no CUDA device (no CUDA in the
+// build, or no GPU or driver on the machine), is an slm::Error saying so.
 c10::Device parse_device(const std::string& name);
 
 }  // namespace slm
