@@ -1,6 +1,6 @@
 // Batch-1 decode speed of whole models, as a fraction of the memory roofline.
 //   decode_bench [--recipe R]... [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4] [--prompt-tokens 128]
-//                [--steps 64] [--batch 1] [--moe-paths]
+//                [--steps 64] [--batch 1] [--graph] [--moe-paths] [--profile]
 //   (default recipes: recipes/specialist-small.json and recipes/tiny-hybrid.json)
 // Random weights (N(0, 1/fan_in) for matrices, so no projection is the zero matrix a fresh model starts with); with
 // --nvfp4 they go through `slm quantize`'s code (nvfp4::quantize_checkpoint, via a temporary file: there is no
@@ -13,6 +13,9 @@
 // NVFP4 matrices at their packed size) over the memory bandwidth measured in the same run: a copy of 1 GiB on the
 // device, counted as bytes read + written per second (STREAM's convention), best of 5. KV cache and recurrent-state
 // reads are left out, so the roofline is an upper bound.
+// --graph: the decode steps replay one CUDA graph (engine::GraphDecoder) instead of running the model eagerly.
+// --profile: after the timed steps, profiles --steps more of them through slm::train::Profiler (once for the GPU
+// kernels on CUDA, once for the host's operators) and prints both summaries.
 // --moe-paths: instead, the routed experts of each recipe's MoE layer alone, model::loop_experts against
 // model::gathered_experts for 1..32 tokens (median of 50 calls each): the measurement behind gathered_experts_pay.
 #include <torch/torch.h>
@@ -27,11 +30,13 @@
 #include <vector>
 
 #include "median_timer.h"
+#include "slm/engine/graph_decoder.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
 #include "slm/quant/quantize_checkpoint.h"
 #include "slm/recipe/accounting.h"
 #include "slm/recipe/recipe.h"
+#include "slm/train/profile.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
 
@@ -46,6 +51,8 @@ struct Options {
   int64_t steps = 64;
   int64_t batch = 1;
   bool moe_paths = false;
+  bool profile = false;
+  bool graph = false;
 };
 
 constexpr int kWarmup = 2;
@@ -154,15 +161,33 @@ Timing run_decode(slm::model::HybridLM& m, const Options& o, const torch::Device
   auto logits = m.prefill(prompt, state).select(1, o.prompt - 1);
   sync(device);
   t.prefill_ms = now_ms() - t0;
+  std::unique_ptr<slm::engine::GraphDecoder> graph;
+  if (o.graph) graph = std::make_unique<slm::engine::GraphDecoder>(m, state);
+  auto decode = [&](const torch::Tensor& token) { return graph ? graph->step(token) : m.decode(token, state); };
   std::vector<double> ms;
   for (int64_t i = 0; i < kWarmup + o.steps; ++i) {
     t0 = now_ms();
-    logits = m.decode(logits.argmax(-1), state);
+    logits = decode(logits.argmax(-1));
     sync(device);
     if (i >= kWarmup) ms.push_back(now_ms() - t0);
   }
   std::sort(ms.begin(), ms.end());
   t.step_ms = ms[ms.size() / 2];
+  graph.reset();
+  if (o.profile) {
+    // Room for the profiled steps: a fresh state, prefilled like the timed one.
+    auto more = m.new_state(o.batch, o.prompt + 2 * o.steps);
+    auto next = m.prefill(prompt, more).select(1, o.prompt - 1).argmax(-1);
+    if (o.graph) graph = std::make_unique<slm::engine::GraphDecoder>(m, more);
+    auto step = [&](const torch::Tensor& token) { return graph ? graph->step(token) : m.decode(token, more); };
+    for (const bool gpu : {true, false}) {
+      if (gpu && !device.is_cuda()) continue;
+      slm::train::Profiler profiler;
+      profiler.start(gpu);
+      for (int64_t i = 0; i < o.steps; ++i) next = step(next).argmax(-1);
+      std::printf("%s", profiler.stop(o.steps).text(25).c_str());
+    }
+  }
   return t;
 }
 
@@ -205,6 +230,8 @@ int main(int argc, char** argv) {
   app.add_option("--prompt-tokens", o.prompt, "prompt length, prefilled in one call")->capture_default_str();
   app.add_option("--steps", o.steps, "timed decode steps")->capture_default_str();
   app.add_option("--batch", o.batch, "sequences decoded together")->capture_default_str();
+  app.add_flag("--graph", o.graph, "replay each decode step from a CUDA graph (engine::GraphDecoder)");
+  app.add_flag("--profile", o.profile, "also profile --steps decode steps (GPU kernels, host operators)");
   app.add_flag("--moe-paths", o.moe_paths, "time the MoE layer's routed-expert paths instead of whole models");
   CLI11_PARSE(app, argc, argv);
   try {

@@ -10,7 +10,7 @@
 #include "slm/data/corpus.h"
 #include "slm/data/shard_builder.h"
 #include "slm/data/tokenizer.h"
-#include "slm/model/generation.h"
+#include "slm/engine/generation.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
 #include "slm/train/checkpoint.h"
@@ -127,11 +127,11 @@ void run_demo(const DemoOptions& o) {
   model::HybridLM m(recipe);
   model::load_weights(m, model::weights_path(train::latest_checkpoint(tc.out)));
   m.eval();
-  model::GenerationOptions go;
+  engine::GenerationOptions go;
   go.max_tokens = o.max_tokens;
   go.sampling = {0.7, 40, 0.95, 1};
   std::cout << "----- prompt -----\n" << o.prompt << "----- completion -----\n";
-  model::generate_text(m, tok, o.prompt, go, [](const std::string& text) { std::cout << text << std::flush; });
+  engine::generate_text(m, tok, o.prompt, go, [](const std::string& text) { std::cout << text << std::flush; });
   std::cout << "\n----- end -----\n";
   std::cerr << "checkpoint: " << tc.out << " (slm train --resume " << tc.out << " --steps N continues it)\n";
 }

@@ -8,7 +8,7 @@
 
 #include "commands.h"
 #include "slm/data/byte_tokenizer.h"
-#include "slm/model/generation.h"
+#include "slm/engine/generation.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/sampler.h"
 #include "slm/model/weights.h"
@@ -34,6 +34,7 @@ struct GenerateOptions {
   double top_p = 1.0;
   bool stop_at_eos = false;
   std::string device = "cpu";
+  bool no_cuda_graph = false;
 };
 
 void run_generate(GenerateOptions o) {
@@ -64,19 +65,20 @@ void run_generate(GenerateOptions o) {
     if (!quantized.empty())
       std::cerr << "slm: NVFP4 checkpoint: " << quantized.size() << " weights run in NVFP4, dequantized on the fly\n";
   }
-  model::GenerationOptions go;
+  engine::GenerationOptions go;
   go.max_tokens = o.max_tokens;
+  go.cuda_graph = !o.no_cuda_graph;
   go.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
 
   std::vector<int64_t> ids;
-  model::GenerationStats stats;
+  engine::GenerationStats stats;
   if (!bytes) {
     auto tok = data::Tokenizer::load(tokenizer);
-    ids = model::generate_text(
+    ids = engine::generate_text(
         m, tok, o.prompt, go, [](const std::string& t) { std::cout << t << std::flush; }, &stats);
   } else {
     data::ByteTokenizer tok;
-    ids = model::generate_byte_text(
+    ids = engine::generate_byte_text(
         m, o.prompt, go, o.stop_at_eos, [&](int64_t id) { std::cout << tok.display(id) << std::flush; }, &stats);
   }
   std::cout << "\n";
@@ -88,7 +90,7 @@ void run_generate(GenerateOptions o) {
   if (stats.decode_steps > 0)
     std::cerr << "; decode " << stats.decode_steps << " tokens in " << std::setprecision(3) << stats.decode_s
               << " s = " << std::setprecision(1) << static_cast<double>(stats.decode_steps) / stats.decode_s
-              << " tokens/s";
+              << " tokens/s" << (stats.graph ? " (CUDA graph)" : "");
   std::cerr << "\n";
 }
 
@@ -112,6 +114,7 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--top-k", o->top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
   g->add_option("--top-p", o->top_p, "sample from the smallest set with this much mass")->capture_default_str();
   g->add_option("--device", o->device, "where the model runs: cpu or cuda")->capture_default_str();
+  g->add_flag("--no-cuda-graph", o->no_cuda_graph, "run every CUDA decode step eagerly instead of replaying a graph");
   g->add_flag("--stop-at-eos", o->stop_at_eos,
               "byte-level: stop when <eos> is sampled (the code tokenizer always does)");
   g->callback([o] { run_generate(*o); });

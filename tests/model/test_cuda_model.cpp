@@ -2,6 +2,7 @@
 // cached decode matches its own forward there, and training (loss + backward) runs. Skipped without a GPU; run
 // on the GPU machine by bench/gpu_check.sh's full ctest (README, "CUDA build").
 #include "model_test_util.h"
+#include "slm/engine/graph_decoder.h"
 #include "slm/model/weights.h"
 
 using namespace slm;
@@ -73,4 +74,44 @@ TEST(CudaModel, TrainingStepRunsAndMatchesTheCpuLoss) {
     double scale = std::max(ref.abs().max().item<double>(), 1e-6);
     EXPECT_LE(max_abs_diff(g.cpu(), ref) / scale, 5e-3) << p.key();
   }
+}
+
+// A decode step replayed from a CUDA graph is the eager step: the same kernels on the same buffers, at positions the
+// capture never saw. Both run from the same prefill, fed the same tokens, FP32 and BF16.
+TEST(CudaModel, GraphDecodeReplaysTheEagerStep) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const char* recipe : {"recipes/tiny-hybrid.json", "recipes/tiny-ae.json"}) {
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      Recipe r = load_recipe(source_path(recipe));
+      model::HybridLM gpu(r, torch::TensorOptions().device(torch::kCUDA).dtype(dtype));
+      randomize(gpu, 11);
+      gpu.eval();
+      ASSERT_EQ(engine::graph_decode_blocker(gpu, gpu.new_state(1, 4)), "") << recipe;
+      auto tokens = random_tokens(2, 60, r.vocab_size, 5).cuda();
+      auto eager = gpu.new_state(2, 64), graphed = gpu.new_state(2, 64);
+      gpu.prefill(tokens.narrow(1, 0, 12), eager);
+      gpu.prefill(tokens.narrow(1, 0, 12), graphed);
+      engine::GraphDecoder graph(gpu, graphed);
+      EXPECT_EQ(graphed.length, 12);
+      for (int64_t t = 12; t < 60; ++t) {
+        auto a = gpu.decode(tokens.select(1, t), eager);
+        auto b = graph.step(tokens.select(1, t));
+        ASSERT_LE(rel_diff(b, a), 1e-6) << recipe << " " << dtype << " position " << t;
+      }
+      EXPECT_EQ(graphed.length, 60);
+      auto with_history = gpu.new_state(1, 8, /*max_rollback=*/2);
+      EXPECT_THROW({ engine::GraphDecoder g(gpu, with_history); }, Error);
+      // Past the capacity the step refuses instead of writing outside the cache.
+      for (int64_t t = 60; t < 64; ++t) graph.step(tokens.select(1, 0));
+      EXPECT_THROW(graph.step(tokens.select(1, 0)), Error);
+    }
+  }
+}
+
+TEST(GraphDecoder, SaysWhyNotOnTheCpu) {
+  Recipe r = load_recipe(source_path("recipes/tiny-ae.json"));
+  model::HybridLM cpu(r);
+  auto state = cpu.new_state(1, 8);
+  EXPECT_NE(engine::graph_decode_blocker(cpu, state), "");
+  EXPECT_THROW({ engine::GraphDecoder g(cpu, state); }, Error);
 }

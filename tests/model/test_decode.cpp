@@ -157,3 +157,18 @@ TEST(Decode, CudaDecodeStepsReadNothingBackToTheHost) {
   GTEST_SKIP() << "built without CUDA";
 #endif
 }
+
+// The decode step's cache write goes where each row's device position says, and nowhere else.
+TEST(Decode, WriteStepWritesEachRowAtItsPosition) {
+  model::TokenCache cache(8, 0);
+  cache.add_stream(torch::zeros({2, 3, 8, 4}), 2);
+  cache.set_positions(torch::tensor({2, 5}, torch::kLong));
+  auto x = torch::arange(1, 25, torch::kFloat).view({2, 3, 1, 4});
+  auto all = cache.write_step(0, x);
+  ASSERT_EQ(all.sizes(), (std::vector<int64_t>{2, 3, 8, 4}));
+  auto expected = torch::zeros({2, 3, 8, 4});
+  expected.select(0, 0).select(1, 2).copy_(x.select(0, 0).select(1, 0));
+  expected.select(0, 1).select(1, 5).copy_(x.select(0, 1).select(1, 0));
+  EXPECT_TRUE(torch::equal(all, expected));
+  EXPECT_THROW(cache.write_step(0, torch::zeros({2, 3, 2, 4})), Error);
+}

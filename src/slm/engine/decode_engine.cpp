@@ -10,7 +10,7 @@
 #include <mutex>
 #include <thread>
 
-#include "slm/model/generation.h"
+#include "slm/engine/generation.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/sampler.h"
 
@@ -129,13 +129,13 @@ class DecodeEngine final : public Engine {
       res.finish = Finish::kCancelled;
       return res;
     }
-    model::GenerationOptions go;
+    engine::GenerationOptions go;
     go.max_tokens = r.max_tokens;
     go.sampling = {r.sampling.temperature, r.sampling.top_k, r.sampling.top_p, r.sampling.seed};
     go.banned = banned_;
     bool stopped = false;
     try {
-      model::generate(*model_, r.prompt, go, [&](int64_t id) {
+      engine::generate(*model_, r.prompt, go, [&](int64_t id) {
         if (job.cancelled) return false;
         if (std::find(r.stop_ids.begin(), r.stop_ids.end(), id) != r.stop_ids.end()) {
           stopped = true;

@@ -1,6 +1,6 @@
 #pragma once
 // The first Engine: one worker thread per model, one request at a time, through the model's own prefill +
-// cached decode loop (model::generate) on the device the model lives on (CPU or CUDA). Requests wait in a bounded
+// cached decode loop (engine::generate) on the device the model lives on (CPU or CUDA). Requests wait in a bounded
 // FIFO queue.
 #include <memory>
 #include <vector>

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "slm/data/hashing.h"
-#include "slm/model/generation.h"
+#include "slm/engine/generation.h"
 #include "slm/model/weights.h"
 #include "slm/recipe/recipe.h"
 #include "slm/train/checkpoint.h"
@@ -63,16 +63,16 @@ ModelCompletions::ModelCompletions(ModelSpec spec) : spec_(std::move(spec)) {
 std::vector<std::string> ModelCompletions::complete(const Problem& problem, int n) {
   std::vector<std::string> out;
   for (int j = 0; j < n; ++j) {
-    model::GenerationOptions o;
+    engine::GenerationOptions o;
     o.max_tokens = spec_.max_tokens;
     o.sampling = {spec_.temperature, spec_.top_k, spec_.top_p,
                   data::hash64(problem.name + "#" + std::to_string(j), spec_.seed)};
     o.stop_texts = problem.stop_tokens;
     std::string text;
     if (tokenizer_) {
-      model::generate_text(*model_, *tokenizer_, problem.prompt, o, [&](const std::string& t) { text += t; });
+      engine::generate_text(*model_, *tokenizer_, problem.prompt, o, [&](const std::string& t) { text += t; });
     } else {
-      model::generate_byte_text(*model_, problem.prompt, o, /*stop_at_eos=*/true, [&](int64_t id) {
+      engine::generate_byte_text(*model_, problem.prompt, o, /*stop_at_eos=*/true, [&](int64_t id) {
         if (id < 256) text += static_cast<char>(id);
       });
     }

@@ -1,6 +1,6 @@
 #pragma once
 // Completions from an in-process model: the recipe's HybridLM with a checkpoint's weights, prompted with each problem
-// and decoded by model::generate_text (the code tokenizer) or generate_byte_text (byte-level), as `slm generate`.
+// and decoded by engine::generate_text (the code tokenizer) or generate_byte_text (byte-level), as `slm generate`.
 #include <torch/torch.h>
 
 #include <memory>

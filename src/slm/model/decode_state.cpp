@@ -24,6 +24,19 @@ torch::Tensor TokenCache::write(int slot, const torch::Tensor& x) {
   return s.storage.narrow(s.time_dim, 0, length_ + t);
 }
 
+torch::Tensor TokenCache::write_step(int slot, const torch::Tensor& x) {
+  const auto& s = streams_.at(slot);
+  if (x.size(s.time_dim) != 1) throw Error("TokenCache::write_step writes one token per row");
+  if (length_ + 1 > capacity_)
+    throw Error("KV cache is full: " + std::to_string(length_) + " + 1 tokens exceed capacity " +
+                std::to_string(capacity_));
+  if (!positions_.defined()) throw Error("TokenCache::write_step: the cache has no device positions");
+  std::vector<int64_t> shape(static_cast<size_t>(x.dim()), 1);
+  shape[0] = x.size(0);
+  s.storage.scatter_(s.time_dim, positions_.view(shape).expand(x.sizes()), x);
+  return s.storage;
+}
+
 void TokenCache::advance(int64_t t) {
   length_ += t;
 }
@@ -57,9 +70,22 @@ void DecodeState::push(const torch::Tensor& new_tokens, const torch::Tensor& new
   if (length + t > capacity())
     throw Error("decode state is full: " + std::to_string(length) + " + " + std::to_string(t) +
                 " tokens exceed capacity " + std::to_string(capacity()));
-  tokens.narrow(1, length, t).copy_(new_tokens);
-  if (hidden.defined()) hidden.narrow(1, length, t).copy_(new_hidden);
+  if (t == 1 && positions.defined()) {
+    auto at = positions.view({-1, 1});
+    tokens.scatter_(1, at, new_tokens);
+    if (hidden.defined()) hidden.scatter_(1, at.unsqueeze(2).expand(new_hidden.sizes()), new_hidden);
+  } else {
+    tokens.narrow(1, length, t).copy_(new_tokens);
+    if (hidden.defined()) hidden.narrow(1, length, t).copy_(new_hidden);
+  }
+  if (positions.defined()) positions.add_(t);
   length += t;
+}
+
+void DecodeState::shift_length(int64_t n) {
+  for (auto& c : layers)
+    if (c) c->shift_length(n);
+  length += n;
 }
 
 }  // namespace slm::model

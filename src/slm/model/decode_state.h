@@ -12,7 +12,8 @@ namespace slm::model {
 
 // The per-token tensors of one attention layer: keys and values (GQA), latents and RoPE keys (MLA), the DSA
 // indexer's keys. Each stream is preallocated with the capacity along its time dim; rollback only moves the
-// counter.
+// counter. positions (DecodeState::positions, shared by every layer) is the same count per row on the device, which
+// a decode step that must not read the host (a CUDA graph) writes and attends by.
 class TokenCache : public LayerCache {
  public:
   TokenCache(int64_t capacity, int64_t max_rollback) : capacity_(capacity), max_rollback_(max_rollback) {}
@@ -25,7 +26,13 @@ class TokenCache : public LayerCache {
   // Writes x (T entries along the stream's time dim) to slot at length()..length()+T-1 and returns a view of
   // every entry through that chunk. A forward writes each of its streams once and then calls advance(T).
   torch::Tensor write(int slot, const torch::Tensor& x);
+  // One token: writes x (1 entry along the time dim) of row b at positions()[b] and returns the whole storage;
+  // the positions stay on the device.
+  torch::Tensor write_step(int slot, const torch::Tensor& x);
   void advance(int64_t t);
+  void shift_length(int64_t n) override { length_ += n; }
+  void set_positions(torch::Tensor positions) { positions_ = std::move(positions); }
+  const torch::Tensor& positions() const { return positions_; }
   // Elements stored per token and sequence over all streams (the KV-cache footprint of the layer).
   int64_t elements_per_token() const;
 
@@ -35,6 +42,7 @@ class TokenCache : public LayerCache {
     int64_t time_dim;
   };
   std::vector<Stream> streams_;
+  torch::Tensor positions_;
   int64_t capacity_, max_rollback_, length_ = 0;
 };
 
@@ -42,6 +50,8 @@ struct DecodeState {
   std::vector<std::unique_ptr<LayerCache>> layers;  // main stack, null for stateless layers
   torch::Tensor tokens;                             // [B, capacity] tokens consumed
   torch::Tensor hidden;                             // [B, capacity, D] last hidden (pre final norm); MTP only
+  torch::Tensor positions;                          // [B] int64 on the model's device: tokens consumed per row
+                                                    // (length, kept on the device by every push)
   int64_t length = 0;                               // tokens consumed
   int64_t max_rollback = 0;                         // how far rollback may reach back (recurrent layers keep
                                                     // this many old states)
@@ -49,8 +59,11 @@ struct DecodeState {
   int64_t capacity() const { return tokens.size(1); }
   // Forgets the last n tokens in every cache; throws slm::Error when n exceeds length or max_rollback.
   void rollback(int64_t n);
-  // Records tokens [B, T] and (when MTP is on) hidden [B, T, D] at length.., then advances length.
+  // Records tokens [B, T] and (when MTP is on) hidden [B, T, D] at length.., then advances length and positions.
+  // One token is written at positions on the device, so a captured decode step stays right when replayed.
   void push(const torch::Tensor& new_tokens, const torch::Tensor& new_hidden);
+  // Moves every counter by n (LayerCache::shift_length): for the driver of a CUDA graph of a decode step.
+  void shift_length(int64_t n);
 };
 
 }  // namespace slm::model

@@ -191,6 +191,12 @@ DecodeState HybridLM::new_state(int64_t batch, int64_t capacity, int64_t max_rol
     s.layers.push_back(std::move(cache));
   }
   s.tokens = torch::zeros({batch, capacity}, opts.dtype(torch::kLong));
+  s.positions = torch::zeros({batch}, opts.dtype(torch::kLong));
+  for (auto& c : s.layers) {
+    auto* tc = dynamic_cast<TokenCache*>(c.get());
+    if (auto* e = dynamic_cast<EngramLayerCache*>(c.get())) tc = dynamic_cast<TokenCache*>(e->layer.get());
+    if (tc) tc->set_positions(s.positions);
+  }
   if (!mtp_.empty()) s.hidden = torch::zeros({batch, capacity, recipe_.d_model}, opts);
   s.max_rollback = max_rollback;
   return s;

@@ -18,6 +18,9 @@ class LayerCache {
   virtual ~LayerCache() = default;
   virtual int64_t length() const = 0;    // tokens held
   virtual void rollback(int64_t n) = 0;  // forget the last n tokens (n <= length, checked by DecodeState)
+  // Moves the token counter by n and nothing else: a replayed CUDA graph advanced the tensors without running the
+  // host code that counts (n > 0), or a capture ran that code without advancing them (n < 0).
+  virtual void shift_length(int64_t n) = 0;
 };
 
 class Layer : public torch::nn::Module {

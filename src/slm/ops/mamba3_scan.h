@@ -17,6 +17,7 @@
 // phases and state never drop below float32).
 #include <ATen/core/Tensor.h>
 
+#include <array>
 #include <utility>
 
 namespace slm::ops {
@@ -62,6 +63,7 @@ struct Mamba3State {
   at::Tensor ssm;    // [B, H, P, N] S_{t-1}
   at::Tensor k;      // [B, H, R, N] k̃_{t-1} (the pending β term's key)
   at::Tensor x;      // [B, H, P] raw x_{t-1} (mimo_x is applied when it is used)
+  std::array<at::Tensor*, 4> tensors() { return {&angle, &ssm, &k, &x}; }
 };
 
 Mamba3State mamba3_zero_state(int64_t batch, int64_t heads, int64_t headdim, int64_t d_state, int64_t rank,

@@ -13,6 +13,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <array>
 #include <memory>
 #include <optional>
 #include <string>
@@ -74,6 +75,7 @@ TORCH_MODULE(StreamNorm);
 struct EngramState {
   torch::Tensor window;  // [B, max_order - 1] int64
   torch::Tensor tail;    // [B, conv tail, n·D]
+  std::array<torch::Tensor*, 2> tensors() { return {&window, &tail}; }
 };
 using EngramCache = RecurrentCache<EngramState>;
 
@@ -86,6 +88,10 @@ class EngramLayerCache : public LayerCache {
   void rollback(int64_t n) override {
     if (layer) layer->rollback(n);
     engram.rollback(n);
+  }
+  void shift_length(int64_t n) override {
+    if (layer) layer->shift_length(n);
+    engram.shift_length(n);
   }
   std::unique_ptr<LayerCache> layer;
   EngramCache engram;

@@ -4,6 +4,7 @@
 
 #include "slm/model/decode_state.h"
 #include "slm/ops/attention.h"
+#include "slm/ops/decode_attention.h"
 #include "slm/util/error.h"
 
 namespace slm::model {
@@ -32,6 +33,7 @@ AttentionImpl::AttentionImpl(const Recipe& r, const LayerPlan& plan, const torch
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache, const Documents* docs) {
   const int64_t b = h.size(0), t = h.size(1);
+  if (cache && t == 1 && h.is_cuda() && !indexer && cache->positions().defined()) return step_on_device(h, *cache);
   const auto pos = positions(h, cache, docs);
   auto q = rope(wq(h).view({b, t, heads, head_dim}), pos);
   auto k = rope(wk(h).view({b, t, kv_heads, head_dim}), pos);
@@ -51,6 +53,25 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache, 
                    : ops::causal_attention(q, k, v, window, std::nullopt, docs ? &docs->spans : nullptr);
   if (cache) cache->advance(t);
   return wo(o.transpose(1, 2).reshape({b, t, heads * head_dim}));
+}
+
+torch::Tensor AttentionImpl::step_on_device(const torch::Tensor& h, TokenCache& cache) {
+  const int64_t b = h.size(0);
+  const auto& at = cache.positions();  // [B]: this token's position in each row
+  // Tables for the whole capacity, so that no step rebuilds them (a replayed graph would keep reading the old ones).
+  const RotaryPositions pos{cache.length(), at.view({b, 1}), cache.capacity()};
+  auto q = rope(wq(h).view({b, 1, heads, head_dim}), pos);
+  auto k = rope(wk(h).view({b, 1, kv_heads, head_dim}), pos);
+  auto v = wv(h).view({b, 1, kv_heads, head_dim});
+  if (q_norm) {
+    q = q_norm(q);
+    k = k_norm(k);
+  }
+  auto keys = cache.write_step(0, k.transpose(1, 2));
+  auto values = cache.write_step(1, v.transpose(1, 2));
+  auto o = ops::decode_attention(q.view({b, heads, head_dim}), keys, values, at + 1, window);
+  cache.advance(1);
+  return wo(o.reshape({b, 1, heads * head_dim}));
 }
 
 std::unique_ptr<TokenCache> AttentionImpl::make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const {

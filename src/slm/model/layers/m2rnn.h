@@ -3,6 +3,7 @@
 //   [q k v | f | g] = in_proj(h);  q, k, v <- silu(depthwise causal conv);  f = exp(-exp(A_log)·softplus(f + dt_bias))
 //   y = M2RNN(q, k, v, f; W) + D ⊙ v;  out = out_proj(RMSNorm(y ⊙ silu(g)))
 // The qk_heads query/key heads are shared by the state heads (head n reads qk head n / (heads / qk_heads)).
+#include <array>
 #include <utility>
 
 #include "slm/model/layer.h"
@@ -14,6 +15,7 @@ namespace slm::model {
 struct M2RNNState {
   torch::Tensor conv;  // [B, conv channels, kernel - 1] the last conv inputs
   torch::Tensor h;     // [B, heads, K, V]
+  std::array<torch::Tensor*, 2> tensors() { return {&conv, &h}; }
 };
 using M2RNNCache = RecurrentCache<M2RNNState>;
 

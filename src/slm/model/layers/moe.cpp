@@ -6,6 +6,10 @@
 
 #include "slm/util/error.h"
 
+#ifdef SLM_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
+
 namespace slm::model {
 
 namespace {
@@ -100,6 +104,15 @@ torch::Tensor gather_tokens(const torch::Tensor& u, const ByExpert& s) {
 // ATen to a per-group loop that syncs), in BF16 (bf16 inputs, or fp32 ones under BF16 autocast, which the
 // explicit casts in grouped_experts reproduce), with dense weights, and with the 16-byte-aligned row strides
 // _grouped_mm requires (D and the hidden size multiples of 8 bf16 elements).
+bool capturing(const torch::Tensor& u) {
+#ifdef SLM_WITH_CUDA
+  return u.is_cuda() && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  (void)u;
+  return false;
+#endif
+}
+
 bool use_grouped(const torch::Tensor& u, const ExpertsImpl& experts) {
   if (!u.is_cuda() || !experts.q13.empty() || !experts.q2.empty()) return false;
   const bool autocast_bf16 =
@@ -151,6 +164,8 @@ bool gathered_experts_pay(const torch::Tensor& u, int64_t k, const ExpertsImpl& 
   // On the CPU the counts are read for free and the copy costs more than the loop's per-expert calls, 0.75x at one
   // token of specialist-small (decode_bench --moe-paths, bench/RESULTS.md).
   if (!u.is_cuda() || !experts.q13.empty() || !experts.q2.empty()) return false;
+  // A stream being captured into a CUDA graph cannot read the counts back; the grouped GEMMs do not need them.
+  if (capturing(u) && !use_grouped(u, experts)) return true;
   return u.size(0) * k <= kMaxGatheredAssignments;
 }
 

@@ -3,6 +3,10 @@
 // states before each of the last max_rollback tokens so a speculative decoder can drop rejected tokens.
 // A recurrent state cannot be rewound, so the layers run the last max_rollback tokens of a prefill one
 // at a time and record the state before each; a multi-token advance clears that history.
+// The state's buffers keep their addresses: a State is a struct of tensors whose tensors() lists pointers to them, and
+// every new state is copied into the current buffers (a captured CUDA graph of a decode step reads and writes them
+// where they were at capture). A buffer is replaced only when the new tensor's shape or dtype differs (the first step
+// after a zero state of another dtype).
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -28,14 +32,16 @@ class RecurrentCache : public LayerCache {
   // next is the state after `tokens` more tokens.
   void advance(State next, int64_t tokens) {
     if (tokens == 1 && max_rollback_ > 0) {
-      history_.push_back(std::move(state_));
+      history_.push_back(clone(state_));
       if (static_cast<int64_t>(history_.size()) > max_rollback_) history_.pop_front();
     } else {
       history_.clear();
     }
-    state_ = std::move(next);
+    assign(state_, next);
     length_ += tokens;
   }
+
+  void shift_length(int64_t n) override { length_ += n; }
 
   void rollback(int64_t n) override {
     if (n == 0) return;
@@ -43,12 +49,31 @@ class RecurrentCache : public LayerCache {
     if (n < 0 || n > kept)
       throw Error("recurrent layer cache: cannot roll back " + std::to_string(n) + " tokens, it holds the states of " +
                   std::to_string(kept));
-    state_ = history_[kept - n];
+    assign(state_, history_[kept - n]);
     history_.resize(kept - n);
     length_ -= n;
   }
 
  private:
+  static State clone(State& s) {
+    State c = s;
+    for (at::Tensor* t : c.tensors())
+      if (t->defined()) *t = t->clone();
+    return c;
+  }
+  static void assign(State& dst, State& src) {
+    auto d = dst.tensors();
+    auto s = src.tensors();
+    for (size_t i = 0; i < d.size(); ++i) {
+      if (d[i]->defined() && s[i]->defined() && d[i]->sizes() == s[i]->sizes() &&
+          d[i]->scalar_type() == s[i]->scalar_type() && d[i]->device() == s[i]->device()) {
+        if (!d[i]->is_same(*s[i])) d[i]->copy_(*s[i]);
+      } else {
+        *d[i] = *s[i];
+      }
+    }
+  }
+
   State state_;
   std::deque<State> history_;  // history_[i]: the state before token length_ - history_.size() + i
   int64_t max_rollback_;

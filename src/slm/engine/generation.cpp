@@ -1,13 +1,14 @@
-#include "slm/model/generation.h"
+#include "slm/engine/generation.h"
 
 #include <chrono>
 #include <limits>
 
 #include "slm/data/byte_tokenizer.h"
 #include "slm/data/detokenizer.h"
+#include "slm/engine/graph_decoder.h"
 #include "slm/util/error.h"
 
-namespace slm::model {
+namespace slm::engine {
 
 namespace {
 
@@ -24,7 +25,7 @@ bool reached_stop(const std::string& text, size_t added, const std::vector<std::
 
 }  // namespace
 
-std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& prompt, const GenerationOptions& o,
+std::vector<int64_t> generate(model::HybridLM& model, const std::vector<int64_t>& prompt, const GenerationOptions& o,
                               const std::function<bool(int64_t)>& on_token, GenerationStats* stats) {
   if (prompt.empty()) throw Error("generate: the prompt must hold at least one token");
   if (o.max_tokens < 1) throw Error("generate: max_tokens must be at least 1");
@@ -35,7 +36,7 @@ std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& promp
                   std::to_string(vocab));
   torch::NoGradGuard no_grad;
   const auto device = model.embed->weight.device();
-  Sampler sampler(o.sampling);
+  model::Sampler sampler(o.sampling);
   const auto n = static_cast<int64_t>(prompt.size());
   GenerationStats timing;
   timing.prompt_tokens = n;
@@ -49,6 +50,10 @@ std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& promp
   };
   auto state = model.new_state(1, n + o.max_tokens);
   auto logits = model.prefill(torch::tensor(prompt, torch::kLong).unsqueeze(0).to(device), state).select(1, n - 1);
+  std::unique_ptr<GraphDecoder> graph;
+  if (o.cuda_graph && o.max_tokens > 1 && graph_decode_blocker(model, state).empty())
+    graph = std::make_unique<GraphDecoder>(model, state);
+  timing.graph = graph != nullptr;
   torch::Tensor banned = o.banned.defined() ? o.banned.to(device) : torch::Tensor();
   std::vector<int64_t> out;
   for (int64_t i = 0; i < o.max_tokens; ++i) {
@@ -60,7 +65,7 @@ std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& promp
     if ((on_token && !on_token(id)) || id == o.stop_id) break;
     if (i + 1 < o.max_tokens) {
       lap();  // the callback's time is not the model's
-      logits = model.decode(next, state);
+      logits = graph ? graph->step(next) : model.decode(next, state);
       ++timing.decode_steps;
     }
   }
@@ -68,7 +73,7 @@ std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& promp
   return out;
 }
 
-std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tok, const std::string& prompt,
+std::vector<int64_t> generate_text(model::HybridLM& model, const data::Tokenizer& tok, const std::string& prompt,
                                    GenerationOptions o, const std::function<void(const std::string&)>& on_text,
                                    GenerationStats* stats) {
   const int64_t vocab = model.recipe().vocab_size;
@@ -99,7 +104,7 @@ std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tok, 
   return out;
 }
 
-std::vector<int64_t> generate_byte_text(HybridLM& model, const std::string& prompt, GenerationOptions o,
+std::vector<int64_t> generate_byte_text(model::HybridLM& model, const std::string& prompt, GenerationOptions o,
                                         bool stop_at_eos, const std::function<void(int64_t)>& on_id,
                                         GenerationStats* stats) {
   const int64_t vocab = model.recipe().vocab_size;
@@ -123,4 +128,4 @@ std::vector<int64_t> generate_byte_text(HybridLM& model, const std::string& prom
       stats);
 }
 
-}  // namespace slm::model
+}  // namespace slm::engine

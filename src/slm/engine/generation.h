@@ -1,6 +1,7 @@
 #pragma once
 // Autoregressive generation with the decode state: prefill the prompt once, then one cached decode step per
-// token. The one loop behind `slm generate` and `slm demo`.
+// token, replayed from a CUDA graph where the model allows it (graph_decoder.h). The one loop behind `slm generate`,
+// `slm demo`, the first Engine and the in-process evaluation.
 #include <torch/torch.h>
 
 #include <functional>
@@ -11,16 +12,19 @@
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/sampler.h"
 
-namespace slm::model {
+namespace slm::engine {
 
 struct GenerationOptions {
   int64_t max_tokens = 64;
-  SamplerOptions sampling;
+  model::SamplerOptions sampling;
   torch::Tensor banned;  // [V] bool: ids never sampled (e.g. BOS, PAD, ids past the tokenizer); may be undefined
   int64_t stop_id = -1;  // generation ends after this id is produced (-1: never)
   // Text generation (generate_text, generate_byte_text) ends once the generated text contains one of these (e.g. a
   // benchmark's "\n}"); the text is returned whole, the caller cuts it.
   std::vector<std::string> stop_texts;
+  // Decode steps replay a CUDA graph when graph_decode_blocker allows (CUDA models without MLA, DSA, Engram or
+  // NVFP4 routed experts); false: always the eager step.
+  bool cuda_graph = true;
 };
 
 // Where a generation's time went (wall clock, the callbacks excluded). The first token comes out of the prompt's
@@ -30,24 +34,26 @@ struct GenerationStats {
   double prefill_s = 0;      // prefill of the prompt and the first token's sampling
   int64_t decode_steps = 0;  // tokens after the first
   double decode_s = 0;
+  bool graph = false;  // the decode steps replayed a CUDA graph (its capture is in prefill_s)
 };
 
 // prompt: at least one id. on_token (optional) sees each new id as it is produced; returning false stops.
 // Returns the generated ids (the prompt excluded). stats (optional) receives the timings.
-std::vector<int64_t> generate(HybridLM& model, const std::vector<int64_t>& prompt, const GenerationOptions& options,
-                              const std::function<bool(int64_t)>& on_token = {}, GenerationStats* stats = nullptr);
+std::vector<int64_t> generate(model::HybridLM& model, const std::vector<int64_t>& prompt,
+                              const GenerationOptions& options, const std::function<bool(int64_t)>& on_token = {},
+                              GenerationStats* stats = nullptr);
 
 // Text in, text out with the code tokenizer: the prompt becomes BOS + its ids; specials other than EOS and ids past
 // the tokenizer's vocabulary are never sampled; generation stops at EOS. on_text receives whole UTF-8 characters
 // as they complete (byte-fallback ids can split one). options.banned and stop_id are set here.
-std::vector<int64_t> generate_text(HybridLM& model, const data::Tokenizer& tokenizer, const std::string& prompt,
+std::vector<int64_t> generate_text(model::HybridLM& model, const data::Tokenizer& tokenizer, const std::string& prompt,
                                    GenerationOptions options, const std::function<void(const std::string&)>& on_text,
                                    GenerationStats* stats = nullptr);
 
 // The same with the byte-level tokenizer (data::ByteTokenizer): the prompt becomes BOS + its bytes; only byte ids
 // and EOS are ever sampled; EOS ends generation when stop_at_eos. on_id sees each new id.
-std::vector<int64_t> generate_byte_text(HybridLM& model, const std::string& prompt, GenerationOptions options,
+std::vector<int64_t> generate_byte_text(model::HybridLM& model, const std::string& prompt, GenerationOptions options,
                                         bool stop_at_eos, const std::function<void(int64_t)>& on_id,
                                         GenerationStats* stats = nullptr);
 
-}  // namespace slm::model
+}  // namespace slm::engine
