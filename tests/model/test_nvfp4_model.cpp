@@ -224,3 +224,32 @@ TEST(Nvfp4Model, ShapeMismatchForTheRecipeIsRefusedNamingTheTensor) {
   nvfp4::save_checkpoint(path, c);
   expect_load_error(path, "tensor " + router + " is stored in NVFP4, but the model runs it dense");
 }
+
+// The packed size by hand: per row of K inputs, K/2 bytes of codes and K/16 E4M3 block scales (K padded to 16), plus
+// one FP32 tensor scale per matrix (each expert is a matrix); everything else at FP32.
+TEST(Nvfp4Model, WeightMemoryCountsThePackedMatricesAndTheDenseRest) {
+  single_threaded();
+  auto m = load(checkpoints().nvfp4);
+  auto dense = load(checkpoints().dense);
+  const auto quantizable = quantizable_names(m->recipe());
+  int64_t packed = 0, rest = 0;
+  for (const auto& [name, t] : model::named_state(*dense)) {
+    if (!quantizable.count(name)) {
+      rest += t.numel() * 4;
+      continue;
+    }
+    const int64_t k = t.size(-1), rows = t.numel() / k, matrices = t.dim() == 3 ? t.size(0) : 1;
+    packed += rows * ((k + 15) / 16) * (8 + 1) + 4 * matrices;
+  }
+  const auto memory = model::weight_memory(*m);
+  EXPECT_EQ(memory.nvfp4_bytes, packed);
+  EXPECT_EQ(memory.dense_bytes, rest);
+  EXPECT_EQ(memory.devices, std::set<std::string>{"cpu"});
+  EXPECT_EQ(model::weight_memory(*dense).nvfp4_bytes, 0);
+  EXPECT_EQ(model::weight_memory(*dense).dense_bytes, rest + [&] {
+    int64_t q = 0;
+    for (const auto& [name, t] : model::named_state(*dense))
+      if (quantizable.count(name)) q += t.numel() * 4;
+    return q;
+  }());
+}

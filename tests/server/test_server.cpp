@@ -134,9 +134,9 @@ class ServerTest : public testing::Test {
   static std::string metrics() { return client().Get("/metrics")->body; }
   // The value of one metric line, or -1.
   static double metric(const std::string& line_prefix) {
-    const std::string m = metrics();
-    const size_t at = m.find(line_prefix + " ");
-    return at == std::string::npos ? -1 : std::stod(m.substr(at + line_prefix.size() + 1));
+    const std::string m = "\n" + metrics();  // a sample line, not the # HELP line naming the metric
+    const size_t at = m.find("\n" + line_prefix + " ");
+    return at == std::string::npos ? -1 : std::stod(m.substr(at + line_prefix.size() + 2));
   }
 
   static inline std::shared_ptr<model::HybridLM> alpha_;
@@ -300,6 +300,12 @@ TEST_F(ServerTest, MetricsCountRequestsAndTokens) {
   EXPECT_NE(m.find("# TYPE slm_request_latency_seconds histogram"), std::string::npos);
   EXPECT_NE(m.find("slm_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), std::string::npos);
   EXPECT_NE(m.find("slm_queue_depth{specialist=\"alpha\"} 0"), std::string::npos);
+  int64_t alpha_bytes = 0;  // FP32 parameters and buffers
+  for (const auto& p : alpha_->parameters()) alpha_bytes += p.numel() * 4;
+  for (const auto& b : alpha_->buffers()) alpha_bytes += b.numel() * static_cast<int64_t>(b.element_size());
+  EXPECT_EQ(metric("slm_specialist_weight_bytes{specialist=\"alpha\"}"), static_cast<double>(alpha_bytes));
+  EXPECT_GT(metric("slm_process_resident_bytes"), static_cast<double>(alpha_bytes));
+  EXPECT_EQ(metric("slm_cuda_allocated_bytes"), 0.0);  // nothing here runs on a GPU
 }
 
 TEST_F(ServerTest, ConcurrentClientsAllComplete) {

@@ -126,6 +126,27 @@ std::vector<std::string> nvfp4_weights(const HybridLM& model) {
   return out;
 }
 
+WeightMemory weight_memory(const HybridLM& model) {
+  WeightMemory m;
+  auto dense = [&](const torch::Tensor& t) {
+    m.dense_bytes += static_cast<int64_t>(t.nbytes());
+    if (t.numel() > 0) m.devices.insert(t.device().str());
+  };
+  for (const auto& p : model.parameters()) dense(p);
+  for (const auto& b : model.buffers()) dense(b);
+  auto packed = [&](const nvfp4::QTensor& q) {
+    m.nvfp4_bytes += q.storage_bytes();
+    m.devices.insert(q.codes.device().str());
+  };
+  for (const auto& [name, slot] : nvfp4_slots(model)) {
+    if (!slot.active()) continue;
+    if (slot.linear) packed(*slot.linear->qweight);
+    else
+      for (const auto& q : slot.which == "w13" ? slot.experts->q13 : slot.experts->q2) packed(q);
+  }
+  return m;
+}
+
 std::string weights_path(const std::string& checkpoint) {
   namespace fs = std::filesystem;
   if (fs::is_directory(checkpoint)) return (fs::path(checkpoint) / "model.safetensors").string();

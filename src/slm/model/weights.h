@@ -3,6 +3,7 @@
 // balancing-bias buffers), so other tools can read them. Loading is strict: every tensor the model holds must
 // be there with its shape, and nothing else may be; a mismatch names the file and the tensor.
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,15 @@ void load_weights(HybridLM& model, const std::string& path);
 
 // Names of the weights the model runs in NVFP4 (empty for a dense model).
 std::vector<std::string> nvfp4_weights(const HybridLM& model);
+
+// What the model's weights occupy: dense parameters and buffers at their dtype, NVFP4 matrices at their packed size
+// (codes, block scales, tensor scales), and the devices holding any of them ("cpu", "cuda:0", ...).
+struct WeightMemory {
+  int64_t dense_bytes = 0, nvfp4_bytes = 0;
+  std::set<std::string> devices;
+  int64_t total() const { return dense_bytes + nvfp4_bytes; }
+};
+WeightMemory weight_memory(const HybridLM& model);
 
 // A checkpoint argument is a weights file or a directory holding model.safetensors.
 std::string weights_path(const std::string& checkpoint);

@@ -28,7 +28,15 @@ class Histogram {
 struct EngineGauges {
   std::string specialist;
   int64_t queued = 0, running = 0;
+  int64_t weight_bytes = 0;  // Specialist::weight_bytes
 };
+
+// Memory of this process: resident set (/proc/self/statm; 0 where unreadable) and, in CUDA builds with a GPU in use,
+// what the CUDA caching allocator holds (allocated) and has reserved from the driver, summed over devices.
+struct ProcessMemory {
+  int64_t resident_bytes = 0, cuda_allocated_bytes = 0, cuda_reserved_bytes = 0;
+};
+ProcessMemory process_memory();
 
 class Metrics {
  public:

@@ -9,6 +9,7 @@
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
 #include "slm/train/checkpoint.h"
+#include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
 
@@ -21,9 +22,13 @@ std::shared_ptr<model::HybridLM> load_model(const Recipe& recipe, const std::str
                                             uint64_t seed, const std::string& who, std::string& weights) {
   if (checkpoint.empty() && !o.allow_random_weights)
     throw Error(who + ": no checkpoint (give one, or --random-weights to serve random weights)");
+  const torch::Device device = parse_device(o.device);
   torch::manual_seed(seed);
-  auto m = std::make_shared<model::HybridLM>(recipe);
+  auto m = std::make_shared<model::HybridLM>(recipe);  // on the CPU, so a seed gives the same weights everywhere
   m->eval();
+  // Moved before the weights load: NVFP4 matrices are no registered tensors (a later .to() would leave them on the
+  // CPU); they are placed on the device of the weight they replace as they load.
+  m->to(device);
   if (!checkpoint.empty()) {
     std::string path = checkpoint;
     if (auto latest = train::latest_checkpoint(path); !latest.empty()) path = latest;  // a run directory
@@ -32,7 +37,6 @@ std::shared_ptr<model::HybridLM> load_model(const Recipe& recipe, const std::str
   } else {
     weights = "random";
   }
-  if (o.device != "cpu") m->to(torch::Device(o.device));
   return m;
 }
 
@@ -52,10 +56,10 @@ void Specialists::add(std::string name, std::shared_ptr<model::HybridLM> m, std:
   s->tokenizer = std::move(tok);
   s->chat = std::make_unique<engine::ChatTemplate>(*s->tokenizer);
   s->weights = std::move(weights);
-  for (const auto& p : m->parameters()) {
-    s->parameters += p.numel();
-    s->weight_bytes += p.numel() * static_cast<int64_t>(p.element_size());
-  }
+  for (const auto& p : m->parameters()) s->parameters += p.numel();
+  const auto memory = model::weight_memory(*m);
+  s->weight_bytes = memory.total();
+  s->nvfp4_bytes = memory.nvfp4_bytes;
   engine::DecodeEngineOptions eo;
   eo.banned_ids = s->chat->banned_ids(vocab);
   eo.max_queue = o.max_queue;
@@ -111,8 +115,9 @@ Specialists Specialists::from_manifest(const Ensemble& e, const LoadOptions& o,
     out.list_.back()->description = sp.domain;
     if (log) {
       const auto& s = *out.list_.back();
-      log(sp.name + ": " + human_count(s.parameters) + " parameters, " + human_bytes(s.weight_bytes) + " on " +
-          o.device + ", weights " + s.weights + ", tokenizer " + sp.tokenizer);
+      log(sp.name + ": " + human_count(s.parameters) + " parameters, " + human_bytes(s.weight_bytes) + " of weights" +
+          (s.nvfp4_bytes > 0 ? " (" + human_bytes(s.nvfp4_bytes) + " NVFP4)" : std::string()) + " on " + o.device +
+          ", weights " + s.weights + ", tokenizer " + sp.tokenizer);
     }
   }
   if (!e.router.empty()) out.set_router(router::Classifier::load(e.router));

@@ -27,7 +27,9 @@ struct Specialist {
   std::unique_ptr<engine::ChatTemplate> chat;
   std::unique_ptr<engine::Engine> engine;
   std::string weights;  // the weights file, or "random" when none was loaded
-  int64_t parameters = 0, weight_bytes = 0;
+  int64_t parameters = 0;    // dense parameter count (NVFP4 matrices released their dense weights)
+  int64_t weight_bytes = 0;  // everything the weights occupy (model::weight_memory), NVFP4 at its packed size
+  int64_t nvfp4_bytes = 0;   // of which NVFP4
 };
 
 struct LoadOptions {
