@@ -13,6 +13,7 @@
 
 #include "engine/engine_test_util.h"
 #include "slm/data/detokenizer.h"
+#include "slm/engine/generation.h"
 #include "slm/router/train.h"
 #include "slm/server/http_server.h"
 
@@ -266,7 +267,7 @@ TEST_F(ServerTest, ModelsListEverySpecialistAndAuto) {
   EXPECT_EQ(j["object"], "list");
   std::vector<std::string> ids;
   for (const auto& m : j["data"]) ids.push_back(m["id"]);
-  EXPECT_EQ(ids, (std::vector<std::string>{"alpha", "beta", "auto"}));
+  EXPECT_EQ(ids, (std::vector<std::string>{"alpha", "beta", "auto", "auto-2"}));
   EXPECT_EQ(j["data"][0]["context_length"], 4096);
 }
 
@@ -282,6 +283,34 @@ TEST_F(ServerTest, AutoRoutesByTheRouterAndSaysWhoAnswered) {
     EXPECT_NEAR(j["routing"]["alpha"].get<double>() + j["routing"]["beta"].get<double>(), 1.0, 1e-9);
     EXPECT_GT(j["routing"][who].get<double>(), 0.5);
   }
+}
+
+// "auto-2": both specialists decode together, weighted by the router; the answer is engine::generate_mixture's with
+// those weights (its own test checks the mixing against full forwards), in the router's order of names.
+TEST_F(ServerTest, Auto2MixesTheTopTwoSpecialistsByTheRoutersWeights) {
+  const std::string prompt = "find_package(fmt) add_library(x) target_link_libraries(x fmt)";
+  auto res = post("/v1/chat/completions", chat("auto-2", prompt, 12));
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(res->get_header_value("X-SLM-Specialist"), "alpha+beta");
+  const auto j = Json::parse(res->body);
+  EXPECT_EQ(j["specialist"], "alpha+beta");
+  const double wa = j["routing"]["alpha"], wb = j["routing"]["beta"];
+  EXPECT_GT(wa, wb);
+  engine::GenerationOptions o;
+  o.max_tokens = 12;
+  o.sampling.temperature = 0;
+  o.banned = torch::zeros({512}, torch::kBool);
+  for (int64_t b : banned()) o.banned[b] = true;
+  std::vector<int64_t> expected;
+  engine::generate_mixture({{alpha_.get(), wa}, {specialists_->find("beta")->model.model.get(), wb}},
+                           user_prompt(prompt), o, [&](int64_t id) {
+                             if (id == 3 || id == 9) return false;
+                             expected.push_back(id);
+                             return true;
+                           });
+  EXPECT_EQ(j["choices"][0]["message"]["content"], text_of(expected));
+  EXPECT_EQ(j["usage"]["completion_tokens"], expected.size());
+  EXPECT_GT(metric("slm_generations_total{specialist=\"alpha+beta\"}"), 0);
 }
 
 TEST_F(ServerTest, MetricsCountRequestsAndTokens) {

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -27,10 +28,19 @@ struct Job {
 
 class DecodeEngine final : public Engine {
  public:
-  DecodeEngine(std::shared_ptr<model::HybridLM> model, DecodeEngineOptions o)
-      : model_(std::move(model)), options_(std::move(o)) {
-    vocab_ = model_->recipe().vocab_size;
-    context_ = options_.context_length > 0 ? options_.context_length : model_->recipe().seq_len;
+  DecodeEngine(std::vector<EngineModel> models, DecodeEngineOptions o)
+      : models_(std::move(models)), options_(std::move(o)) {
+    vocab_ = models_[0].model->recipe().vocab_size;
+    context_ = options_.context_length;
+    for (const auto& m : models_) {
+      if (!m.model || !m.in_use) throw Error("engine: no model");
+      if (m.model->recipe().vocab_size != vocab_)
+        throw Error("engine: a mixture needs one vocabulary; " + m.model->recipe().name + " has " +
+                    std::to_string(m.model->recipe().vocab_size) + " ids, " + models_[0].model->recipe().name + " " +
+                    std::to_string(vocab_));
+      if (options_.context_length <= 0)
+        context_ = context_ > 0 ? std::min<int64_t>(context_, m.model->recipe().seq_len) : m.model->recipe().seq_len;
+    }
     banned_ = torch::zeros({vocab_}, torch::kBool);
     for (int64_t id : options_.banned_ids) {
       if (id < 0 || id >= vocab_) throw Error("engine: banned id " + std::to_string(id) + " is outside the vocabulary");
@@ -59,6 +69,13 @@ class DecodeEngine final : public Engine {
     for (int64_t id : r.prompt)
       if (id < 0 || id >= vocab_) throw Error("prompt token " + std::to_string(id) + " is outside the vocabulary");
     model::Sampler check({r.sampling.temperature, r.sampling.top_k, r.sampling.top_p, r.sampling.seed});
+    if (!r.mixture_weights.empty()) {
+      if (r.mixture_weights.size() != models_.size())
+        throw Error("mixture_weights has " + std::to_string(r.mixture_weights.size()) + " entries for " +
+                    std::to_string(models_.size()) + " models");
+      for (double w : r.mixture_weights)
+        if (!(w > 0) || !std::isfinite(w)) throw Error("mixture weights must be positive");
+    }
     auto job = std::make_shared<Job>();
     job->request = std::move(r);
     job->callbacks = std::move(cb);
@@ -134,8 +151,18 @@ class DecodeEngine final : public Engine {
     go.sampling = {r.sampling.temperature, r.sampling.top_k, r.sampling.top_p, r.sampling.seed};
     go.banned = banned_;
     bool stopped = false;
+    std::vector<MixtureMember> members;
+    for (size_t i = 0; i < models_.size(); ++i)
+      members.push_back({models_[i].model.get(), r.mixture_weights.empty() ? 1.0 : r.mixture_weights[i]});
+    // Every model's turn, taken in one global order (by address) so that two engines never wait on each other.
+    std::vector<std::mutex*> turns;
+    for (const auto& m : models_) turns.push_back(m.in_use.get());
+    std::sort(turns.begin(), turns.end());
+    turns.erase(std::unique(turns.begin(), turns.end()), turns.end());
+    std::vector<std::unique_lock<std::mutex>> held;
+    for (auto* t : turns) held.emplace_back(*t);
     try {
-      engine::generate(*model_, r.prompt, go, [&](int64_t id) {
+      engine::generate_mixture(members, r.prompt, go, [&](int64_t id) {
         if (job.cancelled) return false;
         if (std::find(r.stop_ids.begin(), r.stop_ids.end(), id) != r.stop_ids.end()) {
           stopped = true;
@@ -153,7 +180,7 @@ class DecodeEngine final : public Engine {
     return res;
   }
 
-  std::shared_ptr<model::HybridLM> model_;
+  std::vector<EngineModel> models_;
   DecodeEngineOptions options_;
   int64_t vocab_ = 0, context_ = 0;
   torch::Tensor banned_;
@@ -170,8 +197,17 @@ class DecodeEngine final : public Engine {
 }  // namespace
 
 std::unique_ptr<Engine> make_decode_engine(std::shared_ptr<model::HybridLM> model, DecodeEngineOptions options) {
-  if (!model) throw Error("engine: no model");
-  return std::make_unique<DecodeEngine>(std::move(model), std::move(options));
+  return make_decode_engine(EngineModel{std::move(model)}, std::move(options));
+}
+
+std::unique_ptr<Engine> make_decode_engine(EngineModel model, DecodeEngineOptions options) {
+  if (!model.model) throw Error("engine: no model");
+  return std::make_unique<DecodeEngine>(std::vector<EngineModel>{std::move(model)}, std::move(options));
+}
+
+std::unique_ptr<Engine> make_mixture_engine(std::vector<EngineModel> models, DecodeEngineOptions options) {
+  if (models.size() < 2) throw Error("engine: a mixture needs at least two models");
+  return std::make_unique<DecodeEngine>(std::move(models), std::move(options));
 }
 
 }  // namespace slm::engine

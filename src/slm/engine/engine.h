@@ -25,6 +25,7 @@ struct Request {
   Sampling sampling;
   int64_t max_tokens = 16;        // at least 1
   std::vector<int64_t> stop_ids;  // generation ends when one of these is produced; it is not delivered
+  std::vector<double> mixture_weights;  // a mixture engine's weight per model (empty: equal); others ignore it
 };
 
 enum class Finish { kLength, kStop, kCancelled, kError };

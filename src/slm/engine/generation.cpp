@@ -1,6 +1,8 @@
 #include "slm/engine/generation.h"
 
 #include <chrono>
+#include <cmath>
+#include <memory>
 #include <limits>
 
 #include "slm/data/byte_tokenizer.h"
@@ -25,17 +27,51 @@ bool reached_stop(const std::string& text, size_t added, const std::vector<std::
 
 }  // namespace
 
-std::vector<int64_t> generate(model::HybridLM& model, const std::vector<int64_t>& prompt, const GenerationOptions& o,
-                              const std::function<bool(int64_t)>& on_token, GenerationStats* stats) {
+namespace {
+
+// One member of a generation: its model, state and (where allowed) the CUDA graph of its decode step.
+struct Runner {
+  model::HybridLM* model;
+  double weight;
+  model::DecodeState state;
+  std::unique_ptr<GraphDecoder> graph;
+  torch::Tensor step(const torch::Tensor& token) { return graph ? graph->step(token) : model->decode(token, state); }
+};
+
+// The members' next-token distributions mixed by weight, as log-probabilities [1, V] on the first member's device
+// (a single member's logits pass through unchanged).
+torch::Tensor mix(const std::vector<Runner>& runners, const std::vector<torch::Tensor>& logits) {
+  if (runners.size() == 1) return logits[0];
+  const auto device = logits[0].device();
+  std::vector<torch::Tensor> parts;
+  for (size_t i = 0; i < runners.size(); ++i)
+    parts.push_back(torch::log_softmax(logits[i].to(device, torch::kFloat), -1) + std::log(runners[i].weight));
+  return torch::logsumexp(torch::stack(parts), 0);
+}
+
+}  // namespace
+
+std::vector<int64_t> generate_mixture(const std::vector<MixtureMember>& members, const std::vector<int64_t>& prompt,
+                                      const GenerationOptions& o, const std::function<bool(int64_t)>& on_token,
+                                      GenerationStats* stats) {
+  if (members.empty()) throw Error("generate: no model");
   if (prompt.empty()) throw Error("generate: the prompt must hold at least one token");
   if (o.max_tokens < 1) throw Error("generate: max_tokens must be at least 1");
-  const auto vocab = model.recipe().vocab_size;
+  const auto vocab = members[0].model->recipe().vocab_size;
+  for (const auto& m : members) {
+    if (m.model->recipe().vocab_size != vocab)
+      throw Error("generate: a mixture needs one vocabulary; " + m.model->recipe().name + " has " +
+                  std::to_string(m.model->recipe().vocab_size) + " ids, " + members[0].model->recipe().name + " " +
+                  std::to_string(vocab));
+    if (!(m.weight > 0) || !std::isfinite(m.weight))
+      throw Error("generate: mixture weights must be positive, got " + std::to_string(m.weight));
+  }
   for (int64_t id : prompt)
     if (id < 0 || id >= vocab)
       throw Error("generate: prompt token " + std::to_string(id) + " is outside the vocabulary of " +
                   std::to_string(vocab));
   torch::NoGradGuard no_grad;
-  const auto device = model.embed->weight.device();
+  const auto device = members[0].model->embed->weight.device();
   model::Sampler sampler(o.sampling);
   const auto n = static_cast<int64_t>(prompt.size());
   GenerationStats timing;
@@ -48,29 +84,44 @@ std::vector<int64_t> generate(model::HybridLM& model, const std::vector<int64_t>
     start = now;
     return s;
   };
-  auto state = model.new_state(1, n + o.max_tokens);
-  auto logits = model.prefill(torch::tensor(prompt, torch::kLong).unsqueeze(0).to(device), state).select(1, n - 1);
-  std::unique_ptr<GraphDecoder> graph;
-  if (o.cuda_graph && o.max_tokens > 1 && graph_decode_blocker(model, state).empty())
-    graph = std::make_unique<GraphDecoder>(model, state);
-  timing.graph = graph != nullptr;
+  double total_weight = 0;
+  for (const auto& m : members) total_weight += m.weight;
+  std::vector<Runner> runners;
+  runners.reserve(members.size());  // a GraphDecoder keeps a reference to its runner's state: no reallocation
+  std::vector<torch::Tensor> logits;
+  const auto ids = torch::tensor(prompt, torch::kLong).unsqueeze(0);
+  timing.graph = true;
+  for (const auto& m : members) {
+    auto& r = runners.emplace_back(Runner{m.model, m.weight / total_weight, m.model->new_state(1, n + o.max_tokens), {}});
+    logits.push_back(r.model->prefill(ids.to(r.model->embed->weight.device()), r.state).select(1, n - 1));
+    if (o.cuda_graph && o.max_tokens > 1 && graph_decode_blocker(*r.model, r.state).empty())
+      r.graph = std::make_unique<GraphDecoder>(*r.model, r.state);
+    timing.graph = timing.graph && r.graph != nullptr;
+  }
   torch::Tensor banned = o.banned.defined() ? o.banned.to(device) : torch::Tensor();
   std::vector<int64_t> out;
   for (int64_t i = 0; i < o.max_tokens; ++i) {
-    if (banned.defined()) logits = logits.masked_fill(banned, -std::numeric_limits<float>::infinity());
-    auto next = sampler.sample(logits);
+    auto scores = mix(runners, logits);
+    if (banned.defined()) scores = scores.masked_fill(banned, -std::numeric_limits<float>::infinity());
+    auto next = sampler.sample(scores);
     const int64_t id = next.item<int64_t>();  // waits for the device: the step's time is all in
     (i == 0 ? timing.prefill_s : timing.decode_s) += lap();
     out.push_back(id);
     if ((on_token && !on_token(id)) || id == o.stop_id) break;
     if (i + 1 < o.max_tokens) {
       lap();  // the callback's time is not the model's
-      logits = graph ? graph->step(next) : model.decode(next, state);
+      for (size_t r = 0; r < runners.size(); ++r)
+        logits[r] = runners[r].step(next.to(runners[r].model->embed->weight.device()));
       ++timing.decode_steps;
     }
   }
   if (stats) *stats = timing;
   return out;
+}
+
+std::vector<int64_t> generate(model::HybridLM& model, const std::vector<int64_t>& prompt, const GenerationOptions& o,
+                              const std::function<bool(int64_t)>& on_token, GenerationStats* stats) {
+  return generate_mixture({{&model, 1.0}}, prompt, o, on_token, stats);
 }
 
 std::vector<int64_t> generate_text(model::HybridLM& model, const data::Tokenizer& tok, const std::string& prompt,

@@ -43,6 +43,19 @@ std::vector<int64_t> generate(model::HybridLM& model, const std::vector<int64_t>
                               const GenerationOptions& options, const std::function<bool(int64_t)>& on_token = {},
                               GenerationStats* stats = nullptr);
 
+// Several models of one vocabulary decoding in lockstep, the next token drawn from the mixture of their next-token
+// distributions, p = Σ w_i softmax(logits_i) with the weights normalised to sum 1 (the sampler's temperature, top-k
+// and top-p apply to log p). Each model keeps its own state (and CUDA graph). A single member is generate().
+// Throws slm::Error for no members, different vocabularies or a weight that is not positive.
+struct MixtureMember {
+  model::HybridLM* model = nullptr;
+  double weight = 1.0;
+};
+std::vector<int64_t> generate_mixture(const std::vector<MixtureMember>& members, const std::vector<int64_t>& prompt,
+                                      const GenerationOptions& options,
+                                      const std::function<bool(int64_t)>& on_token = {},
+                                      GenerationStats* stats = nullptr);
+
 // Text in, text out with the code tokenizer: the prompt becomes BOS + its ids; specials other than EOS and ids past
 // the tokenizer's vocabulary are never sampled; generation stops at EOS. on_text receives whole UTF-8 characters
 // as they complete (byte-fallback ids can split one). options.banned and stop_id are set here.

@@ -36,8 +36,8 @@ class InProcessChat final : public ChatBackend {
     try {
       g = parse_generation_request(chat_body(history, o, false).dump(), /*chat=*/true);
       auto p = prepare_generation(specialists_, g, o.max_tokens);
-      Session session(*p.specialist, std::move(p.request), {});
-      ChatReply reply{p.specialist->name, "", ""};
+      Session session(*p.engine, *p.specialist->tokenizer, std::move(p.request), {});
+      ChatReply reply{p.answered_by, "", ""};
       for (bool done = false; !done;) {
         const std::string piece = session.next(std::chrono::milliseconds(100), done);
         if (!piece.empty() && on_text) on_text(piece);

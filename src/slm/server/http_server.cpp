@@ -141,6 +141,14 @@ struct Server::Impl {
                       {"created", 0},
                       {"owned_by", "slm"},
                       {"description", "the router picks the specialist for each request"}});
+    if (specialists.has_router() && specialists.all().size() >= 2)
+      data.push_back({{"id", "auto-2"},
+                      {"object", "model"},
+                      {"created", 0},
+                      {"owned_by", "slm"},
+                      {"description",
+                       "the router's top two specialists decode together, each token drawn from the mixture of their "
+                       "next-token distributions weighted by the router (where they share a tokenizer)"}});
     res.set_content(dump({{"object", "list"}, {"data", data}}), "application/json");
   }
 
@@ -156,29 +164,30 @@ struct Server::Impl {
     const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
     const GenerationRequest g = parse_generation_request(req.body, chat);
     auto prepared = prepare_generation(specialists, g, options.default_max_tokens);
-    Specialist& sp = *prepared.specialist;
+    const std::string who = prepared.answered_by;  // a specialist, or "a+b" for a mixture
     std::shared_ptr<Session> session;
     try {
-      session = std::make_shared<Session>(sp, std::move(prepared.request), g.stop);
+      session = std::make_shared<Session>(*prepared.engine, *prepared.specialist->tokenizer,
+                                          std::move(prepared.request), g.stop);
     } catch (const engine::QueueFull& e) {
       res.set_header("Retry-After", "1");
-      throw ApiError(503, std::string("specialist \"") + sp.name + "\" is busy: " + e.what() + "; retry later", "",
+      throw ApiError(503, std::string("specialist \"") + who + "\" is busy: " + e.what() + "; retry later", "",
                      "queue_full");
     } catch (const Error& e) {
       throw ApiError(400, e.what());
     }
     auto c = std::make_shared<Completion>();
     c->id = new_id(chat ? "chatcmpl" : "cmpl");
-    c->model = sp.name;
-    c->specialist = sp.name;
+    c->model = who;
+    c->specialist = who;
     c->created = static_cast<int64_t>(std::time(nullptr));
     c->routing = prepared.routing;
-    res.set_header("X-SLM-Specialist", sp.name);
+    res.set_header("X-SLM-Specialist", who);
     const auto deadline =
         t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.request_timeout_s));
     // Records the finished (or abandoned) generation; delivered is false when the client went away. An abandoned
     // generation is cancelled and waited for (one token at most), so its counts are the real ones.
-    auto finish = [this, c, session, &sp, t0, endpoint](bool delivered) {
+    auto finish = [this, c, session, who, t0, endpoint](bool delivered) {
       if (!delivered) {
         session->cancel();
         for (bool done = false; !done;) session->next(std::chrono::milliseconds(50), done);
@@ -187,8 +196,8 @@ struct Server::Impl {
       c->finish_reason = r.finish_reason == "cancelled" ? "length" : r.finish_reason;  // a timeout
       c->prompt_tokens = r.prompt_tokens;
       c->completion_tokens = r.completion_tokens;
-      if (!delivered) metrics.cancelled(sp.name);
-      metrics.generation(sp.name, r.prompt_tokens, r.completion_tokens,
+      if (!delivered) metrics.cancelled(who);
+      metrics.generation(who, r.prompt_tokens, r.completion_tokens,
                          std::chrono::duration<double>(Clock::now() - t0).count(), r.first_token_s,
                          delivered ? c->finish_reason : "client_gone");
       metrics.request(endpoint, delivered ? 200 : 499);
@@ -215,7 +224,7 @@ struct Server::Impl {
       if (r.finish_reason == "error") throw ApiError(500, "generation failed: " + r.error, "", "generation_failed");
       finish(true);
       res.set_content(dump(completion_json(*c, chat)), "application/json");
-      log(req, 200, " " + sp.name + " " + std::to_string(c->completion_tokens) + " tokens");
+      log(req, 200, " " + who + " " + std::to_string(c->completion_tokens) + " tokens");
       return;
     }
 

@@ -1,6 +1,8 @@
 #include "slm/server/prepare.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 namespace slm::server {
 
@@ -23,20 +25,58 @@ Specialist& pick(const Specialists& specialists, const GenerationRequest& g, nlo
                  "model_not_found");
 }
 
+size_t index_of(const Specialists& specialists, const std::string& name) {
+  const auto& all = specialists.all();
+  for (size_t i = 0; i < all.size(); ++i)
+    if (all[i]->name == name) return i;
+  throw Error("router: no specialist named " + name);
+}
+
+// The router's top two as a mixture (or the top one alone when they cannot mix); fills p's specialist, engine,
+// answered_by, routing and mixture weights.
+void pick_pair(const Specialists& specialists, const GenerationRequest& g, PreparedGeneration& p) {
+  if (!specialists.has_router() || specialists.all().size() < 2)
+    throw ApiError(404, "model \"auto-2\" needs a router model and at least two specialists", "model",
+                   "model_not_found");
+  const auto r = specialists.route(g.routing_text());
+  p.routing = nlohmann::json::object();
+  for (const auto& [name, prob] : r.probabilities) p.routing[name] = prob;
+  const size_t a = index_of(specialists, r.probabilities[0].first), b = index_of(specialists, r.probabilities[1].first);
+  Specialist& first = *specialists.all()[a];
+  p.specialist = &first;
+  if (engine::Engine* mix = specialists.mixture(a, b)) {
+    p.engine = mix;
+    p.answered_by = first.name + "+" + specialists.all()[b]->name;
+    // Weights in index order; a specialist the router gives nothing still gets a sliver (weights must be positive).
+    const double wa = std::max(r.probabilities[0].second, 1e-6), wb = std::max(r.probabilities[1].second, 1e-6);
+    p.request.mixture_weights = a < b ? std::vector<double>{wa, wb} : std::vector<double>{wb, wa};
+  } else {
+    p.engine = first.engine.get();
+    p.answered_by = first.name;
+    p.routing["auto-2"] = "the top two specialists use different tokenizers; " + first.name + " answered alone";
+  }
+}
+
 }  // namespace
 
 PreparedGeneration prepare_generation(const Specialists& specialists, const GenerationRequest& g,
                                       int64_t default_max_tokens) {
   PreparedGeneration p;
-  Specialist& sp = pick(specialists, g, p.routing);
-  p.specialist = &sp;
+  if (g.model == "auto-2") {
+    pick_pair(specialists, g, p);
+  } else {
+    p.specialist = &pick(specialists, g, p.routing);
+    p.engine = p.specialist->engine.get();
+    p.answered_by = p.specialist->name;
+  }
+  Specialist& sp = *p.specialist;
   std::vector<int64_t> ids;
   try {
     ids = g.chat ? sp.chat->chat_prompt(g.messages) : sp.chat->completion_prompt(g.prompt);
   } catch (const Error& e) {
     throw ApiError(400, e.what(), "messages", "invalid_value");
   }
-  const int64_t ctx = sp.engine->context_length(), n = static_cast<int64_t>(ids.size());
+  const int64_t ctx = p.engine->context_length(), n = static_cast<int64_t>(ids.size());
   if (n >= ctx)
     throw ApiError(400,
                    "the prompt is " + std::to_string(n) + " tokens, and the model's context is " + std::to_string(ctx) +

@@ -21,10 +21,11 @@ struct Session::State {
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
 };
 
-Session::Session(Specialist& s, engine::Request request, std::vector<std::string> stop_strings)
-    : state_(std::make_shared<State>(*s.tokenizer, std::move(stop_strings))), engine_(*s.engine) {
+Session::Session(engine::Engine& engine, const data::Tokenizer& tokenizer, engine::Request request,
+                 std::vector<std::string> stop_strings)
+    : state_(std::make_shared<State>(tokenizer, std::move(stop_strings))), engine_(engine) {
   auto st = state_;
-  engine::Engine* eng = s.engine.get();
+  engine::Engine* eng = &engine;
   auto id = std::make_shared<std::atomic<engine::RequestId>>(0);
   engine::Callbacks cb;
   // The engine may call on_done from cancel() (a request that had not started), so cancel() is never called

@@ -21,8 +21,12 @@ struct SessionResult {
 
 class Session {
  public:
-  // Submits at once; throws engine::QueueFull or slm::Error (a request the engine refuses).
-  Session(Specialist& specialist, engine::Request request, std::vector<std::string> stop_strings);
+  // Submits at once to the engine, whose ids the tokenizer reads (a specialist's, or a mixture's of specialists
+  // sharing that tokenizer); throws engine::QueueFull or slm::Error (a request the engine refuses).
+  Session(engine::Engine& engine, const data::Tokenizer& tokenizer, engine::Request request,
+          std::vector<std::string> stop_strings);
+  Session(Specialist& specialist, engine::Request request, std::vector<std::string> stop_strings)
+      : Session(*specialist.engine, *specialist.tokenizer, std::move(request), std::move(stop_strings)) {}
   // Cancels the generation when it has not finished.
   ~Session();
   Session(const Session&) = delete;

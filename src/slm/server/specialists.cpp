@@ -63,7 +63,9 @@ void Specialists::add(std::string name, std::shared_ptr<model::HybridLM> m, std:
   engine::DecodeEngineOptions eo;
   eo.banned_ids = s->chat->banned_ids(vocab);
   eo.max_queue = o.max_queue;
-  s->engine = engine::make_decode_engine(std::move(m), eo);
+  s->model = engine::EngineModel{std::move(m)};
+  s->engine = engine::make_decode_engine(s->model, eo);
+  max_queue_ = o.max_queue;
   list_.push_back(std::move(s));
 }
 
@@ -100,6 +102,36 @@ Route Specialists::route(const std::string& text) const {
   r.specialist = order[0];
   for (size_t i : order) r.probabilities.emplace_back(list_[i]->name, total > 0 ? mass[i] / total : 0.0);
   return r;
+}
+
+namespace {
+
+bool same_tokenizer(const data::Tokenizer& a, const data::Tokenizer& b) {
+  if (a.vocab_size() != b.vocab_size() || a.bos_id() != b.bos_id() || a.eos_id() != b.eos_id()) return false;
+  for (uint32_t id = 0; id < a.vocab_size(); ++id)
+    if (a.piece(id) != b.piece(id) || a.is_special(id) != b.is_special(id)) return false;
+  return true;
+}
+
+}  // namespace
+
+engine::Engine* Specialists::mixture(size_t a, size_t b) const {
+  if (a >= list_.size() || b >= list_.size() || a == b) throw Error("mixture: two different specialists are needed");
+  if (a > b) std::swap(a, b);
+  std::lock_guard lock(mixtures_->mu);
+  auto it = mixtures_->engines.find({a, b});
+  if (it == mixtures_->engines.end()) {
+    const Specialist &x = *list_[a], &y = *list_[b];
+    std::unique_ptr<engine::Engine> e;
+    if (same_tokenizer(*x.tokenizer, *y.tokenizer)) {
+      engine::DecodeEngineOptions eo;
+      eo.banned_ids = x.chat->banned_ids(x.model.model->recipe().vocab_size);
+      eo.max_queue = max_queue_;
+      e = engine::make_mixture_engine({x.model, y.model}, eo);
+    }
+    it = mixtures_->engines.emplace(std::make_pair(a, b), std::move(e)).first;
+  }
+  return it->second.get();
 }
 
 Specialists Specialists::from_manifest(const Ensemble& e, const LoadOptions& o,

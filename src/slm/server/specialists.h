@@ -2,7 +2,9 @@
 // What the server serves: the specialists (each a model behind its own engine, with its tokenizer and chat
 // template) and the router that picks one for `model: "auto"`. Loaded from an ensemble manifest or from a single
 // recipe + checkpoint; no HTTP here.
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -10,6 +12,7 @@
 
 #include "slm/data/tokenizer.h"
 #include "slm/engine/chat_template.h"
+#include "slm/engine/decode_engine.h"
 #include "slm/engine/engine.h"
 #include "slm/recipe/ensemble.h"
 #include "slm/router/classifier.h"
@@ -26,6 +29,7 @@ struct Specialist {
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::unique_ptr<engine::ChatTemplate> chat;
   std::unique_ptr<engine::Engine> engine;
+  engine::EngineModel model;  // shared with the mixtures the specialist takes part in
   std::string weights;  // the weights file, or "random" when none was loaded
   int64_t parameters = 0;    // dense parameter count (NVFP4 matrices released their dense weights)
   int64_t weight_bytes = 0;  // everything the weights occupy (model::weight_memory), NVFP4 at its packed size
@@ -69,9 +73,20 @@ class Specialists {
   // Throws slm::Error when no router is loaded.
   Route route(const std::string& text) const;
 
+  // The engine of the token-level mixture of specialists a and b (indices into all(); created on first use and
+  // kept), or null when their tokenizers differ (their ids would not mean the same tokens). Its
+  // Request::mixture_weights are in index order: min(a, b) first.
+  engine::Engine* mixture(size_t a, size_t b) const;
+
  private:
   std::vector<std::unique_ptr<Specialist>> list_;
   std::optional<router::Classifier> router_;
+  size_t max_queue_ = 64;
+  struct Mixtures {
+    std::mutex mu;
+    std::map<std::pair<size_t, size_t>, std::unique_ptr<engine::Engine>> engines;  // null: tokenizers differ
+  };
+  std::unique_ptr<Mixtures> mixtures_ = std::make_unique<Mixtures>();
 };
 
 }  // namespace slm::server
