@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/mamba3_scan_kernels.h"
+#include "slm/ops/cuda/mamba3_step_kernel.h"
 #endif
 
 namespace slm::ops {
@@ -467,6 +468,58 @@ class FusedScan : public torch::autograd::Function<FusedScan> {
 
 }  // namespace
 #endif
+
+bool mamba3_step_fusable(const at::Tensor& proj, const Mamba3Weights& w, const Mamba3State& state) {
+#ifdef SLM_WITH_CUDA
+  if (!proj.defined() || !proj.is_cuda() || proj.dim() != 2 || !proj.is_contiguous()) return false;
+  const auto dt = proj.scalar_type();
+  if ((dt != at::kFloat && dt != at::kBFloat16) || w.mimo_x.defined()) return false;
+  for (const auto* t : {&w.dt_bias, &w.b_bias, &w.c_bias, &w.b_norm, &w.c_norm, &w.d})
+    if (!t->defined() || t->scalar_type() != dt || !t->is_contiguous() || t->device() != proj.device()) return false;
+  for (const auto* t : {&state.angle, &state.ssm, &state.k, &state.x})
+    if (!t->defined() || t->scalar_type() != at::kFloat || !t->is_contiguous() || t->device() != proj.device())
+      return false;
+  return state.k.dim() == 4 && state.k.size(2) == 1 && 2 * state.angle.size(2) <= state.ssm.size(3);
+#else
+  (void)proj, (void)w, (void)state;
+  return false;
+#endif
+}
+
+std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, const Mamba3StepLayout& l,
+                                                     const Mamba3Weights& w, const Mamba3State& state) {
+  if (!mamba3_step_fusable(proj, w, state))
+    throw Error("mamba3: the fused decode step does not take this layer (CUDA, SISO, FP32/BF16, FP32 state)");
+  const int64_t b = proj.size(0);
+  if (proj.size(1) != 2 * l.d_inner + 2 * l.groups * l.d_state + 3 * l.heads + l.angles ||
+      l.d_inner != l.heads * l.headdim || l.heads % l.groups != 0)
+    throw Error("mamba3: the in_proj row of " + std::to_string(proj.size(1)) + " entries does not match the layout");
+  expect_shape(state.ssm, {b, l.heads, l.headdim, l.d_state}, "state ssm");
+  expect_shape(state.angle, {b, l.heads, l.angles}, "state angle");
+  expect_shape(state.k, {b, l.heads, 1, l.d_state}, "state k");
+  expect_shape(state.x, {b, l.heads, l.headdim}, "state x");
+#ifdef SLM_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(proj.device());
+  Mamba3State next{at::empty_like(state.angle), at::empty_like(state.ssm), at::empty_like(state.k),
+                   at::empty_like(state.x)};
+  auto y = at::empty({b, 1, l.heads, 1, l.headdim}, state.ssm.options());
+  const cuda::Mamba3StepShape shape{b,         l.heads,         l.headdim,
+                                    l.groups,  l.d_state,       l.angles,
+                                    l.d_inner, proj.size(1),    static_cast<float>(w.a_floor),
+                                    static_cast<float>(w.norm_eps)};
+  const cuda::Mamba3StepArgs args{proj.data_ptr(),        w.dt_bias.data_ptr(),     w.b_bias.data_ptr(),
+                                  w.c_bias.data_ptr(),    w.b_norm.data_ptr(),      w.c_norm.data_ptr(),
+                                  w.d.data_ptr(),         state.angle.data_ptr<float>(), state.ssm.data_ptr<float>(),
+                                  state.k.data_ptr<float>(), state.x.data_ptr<float>(), next.angle.data_ptr<float>(),
+                                  next.ssm.data_ptr<float>(), next.k.data_ptr<float>(), next.x.data_ptr<float>(),
+                                  y.data_ptr<float>()};
+  check_launch(cuda::mamba3_step(shape, proj.scalar_type() == at::kBFloat16, args,
+                                 c10::cuda::getCurrentCUDAStream(proj.device().index()).stream()));
+  return {y, next};
+#else
+  throw Error("mamba3: the fused decode step needs a CUDA build");
+#endif
+}
 
 bool mamba3_fused(const Mamba3Projections& p, const Mamba3Weights& w) {
 #ifdef SLM_WITH_CUDA

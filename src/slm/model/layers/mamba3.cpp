@@ -69,7 +69,20 @@ ops::Mamba3State Mamba3Impl::zero_state(int64_t batch) const {
 std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tensor& h, const ops::Mamba3State& state,
                                                                const torch::Tensor& start) {
   const int64_t b = h.size(0), t = h.size(1), bc = rank * groups * d_state;
-  auto parts = in_proj(h).split_with_sizes({d_inner, d_inner, bc, bc, heads, heads, heads, angles}, -1);
+  const auto proj = in_proj(h);
+  const auto w = weights();
+  auto gate = [&](const torch::Tensor& y, const torch::Tensor& z) {
+    auto o = ops::mamba3_gate(y, z, mimo_z, mimo_o, out_norm ? out_norm->weight : torch::Tensor(), kMamba3NormEps);
+    return out_proj(o.to(h.scalar_type()));
+  };
+  // A decode token on the GPU: one kernel from the projection row to the state and y.
+  // (Inference only: the kernel has no backward.)
+  if (const auto row = proj.view({b, -1});
+      t == 1 && !start.defined() && !proj.requires_grad() && ops::mamba3_step_fusable(row, w, state)) {
+    auto [y, next] = ops::mamba3_step_fused(row, {heads, headdim, groups, d_state, angles, d_inner}, w, state);
+    return {gate(y, row.narrow(1, 0, d_inner).view({b, 1, heads, headdim})), next};
+  }
+  auto parts = proj.split_with_sizes({d_inner, d_inner, bc, bc, heads, heads, heads, angles}, -1);
   ops::Mamba3Projections p{parts[1].view({b, t, heads, headdim}),
                            parts[2].view({b, t, rank, groups, d_state}),
                            parts[3].view({b, t, rank, groups, d_state}),
@@ -77,14 +90,11 @@ std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tens
                            parts[5],
                            parts[6],
                            parts[7]};
-  const auto w = weights();
   auto [y, next] = t > 1 && ops::mamba3_fused(p, w) ? ops::mamba3_scan_fused(p, w, state, start) : [&] {
     auto seq = ops::mamba3_preprocess(p, w, state.angle, start);
     return t == 1 ? ops::mamba3_step(seq, state) : ops::mamba3_scan_chunked(seq, state, chunk_size);
   }();
-  auto z = parts[0].view({b, t, heads, headdim});
-  auto o = ops::mamba3_gate(y, z, mimo_z, mimo_o, out_norm ? out_norm->weight : torch::Tensor(), kMamba3NormEps);
-  return {out_proj(o.to(h.scalar_type())), next};
+  return {gate(y, parts[0].view({b, t, heads, headdim})), next};
 }
 
 Mamba3Layer::Mamba3Layer(const Recipe& r, const torch::TensorOptions& options) : Layer(r.d_model, r.norm_eps, options) {

@@ -1,0 +1,67 @@
+// The fused Mamba-3 decode step (ops::mamba3_step_fused, taken by Mamba3Impl::forward for one token on the GPU)
+// against the same layer in float64 on the CPU, which runs the libtorch step (mamba3_preprocess + mamba3_step, itself
+// tested against the sequential recurrence): the layer output and all four state tensors, from a random mid-sequence
+// state, for the head shapes of tiny-hybrid, hybrid-250m and the cmake specialist (8 groups), FP32 and BF16. Skipped
+// without a GPU; runs on the GPU machine's full ctest.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <numbers>
+
+#include "model/model_test_util.h"
+#include "slm/model/layers/mamba3.h"
+
+using namespace slm;
+using namespace slm::test;
+
+namespace {
+
+double rel(const torch::Tensor& a, const torch::Tensor& ref) {
+  return (a.cpu().to(torch::kDouble) - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+}
+
+}  // namespace
+
+TEST(Mamba3StepCuda, FusedStepMatchesTheFloat64LayerStep) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const char* path : {"recipes/tiny-hybrid.json", "recipes/hybrid-250m.json", "recipes/specialists/cmake.json"}) {
+    Recipe r = load_recipe(source_path(path));
+    for (const auto dtype : {torch::kFloat, torch::kBFloat16}) {
+      torch::manual_seed(5);
+      model::Mamba3 ref(r, torch::TensorOptions().dtype(torch::kDouble));
+      model::Mamba3 gpu(r, torch::TensorOptions().dtype(dtype).device(torch::kCUDA));
+      torch::NoGradGuard no_grad;
+      {
+        auto src = ref->named_parameters();
+        for (auto& p : src) {
+          auto& t = p.value();
+          if (t.dim() >= 2) t.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(t.size(-1))));
+          else t.normal_(0.5, 0.3);
+          t.copy_(t.to(dtype).to(torch::kDouble));  // what the GPU layer holds
+        }
+        auto dst = gpu->named_parameters();
+        for (auto& p : src) dst[p.key()].copy_(p.value());
+      }
+      const int64_t b = 3;
+      auto x = torch::randn({b, 1, r.d_model}, torch::kDouble).to(dtype).to(torch::kDouble);
+      auto zero = ref->zero_state(b);
+      ops::Mamba3State state{torch::rand_like(zero.angle) * 2 * std::numbers::pi, torch::randn_like(zero.ssm),
+                             torch::randn_like(zero.k), torch::randn_like(zero.x)};
+      auto [y_ref, next_ref] = ref(x, state);
+      ops::Mamba3State on_gpu{state.angle.to(torch::kCUDA, torch::kFloat), state.ssm.to(torch::kCUDA, torch::kFloat),
+                              state.k.to(torch::kCUDA, torch::kFloat), state.x.to(torch::kCUDA, torch::kFloat)};
+      auto proj = gpu->in_proj(x.to(torch::kCUDA, dtype)).view({b, -1});
+      ASSERT_TRUE(ops::mamba3_step_fusable(proj, gpu->weights(), on_gpu)) << path;
+      auto [y, next] = gpu(x.to(torch::kCUDA, dtype), on_gpu);
+      // BF16: the projections the kernel reads and the output are rounded to 8 bits of mantissa.
+      const double tol = dtype == torch::kFloat ? 1e-4 : 3e-2;
+      EXPECT_LE(rel(y, y_ref), tol) << path << " " << dtype;
+      EXPECT_LE(rel(next.ssm, next_ref.ssm), tol) << path << " " << dtype;
+      EXPECT_LE(rel(next.k, next_ref.k), tol) << path << " " << dtype;
+      EXPECT_LE(rel(next.x, next_ref.x), tol) << path << " " << dtype;
+      EXPECT_LE(rel(next.angle, next_ref.angle), tol) << path << " " << dtype;
+      // The input state is left as it was (the step writes new tensors).
+      EXPECT_TRUE(torch::equal(on_gpu.ssm.cpu(), state.ssm.to(torch::kFloat)));
+    }
+  }
+}
