@@ -9,6 +9,7 @@
 #include <set>
 
 #include "model_test_util.h"
+#include "slm/data/engram_canonical.h"
 #include "slm/data/tokenizer.h"
 #include "slm/io/safetensors.h"
 #include "slm/model/weights.h"
@@ -166,12 +167,12 @@ TEST(Engram, ForwardMatchesAPerPositionReference) {
 }
 
 TEST(Engram, CanonicalMapMergesEqualNormalForms) {
-  EXPECT_EQ(model::engram_normal_form("\xE2\x96\x81"
-                                      "Foo"),
+  EXPECT_EQ(data::engram_normal_form("\xE2\x96\x81"
+                                     "Foo"),
             "foo");
-  EXPECT_EQ(model::engram_normal_form("  Bar\tBaz\n"), "bar baz");
-  EXPECT_EQ(model::engram_normal_form("    "), "    ");  // whitespace-only keeps itself (indentation)
-  EXPECT_EQ(model::engram_normal_form("\xC3\x89t\xC3\xA9"), "\xC3\x89t\xC3\xA9");  // ASCII-only lowercase
+  EXPECT_EQ(data::engram_normal_form("  Bar\tBaz\n"), "bar baz");
+  EXPECT_EQ(data::engram_normal_form("    "), "    ");  // whitespace-only keeps itself (indentation)
+  EXPECT_EQ(data::engram_normal_form("\xC3\x89t\xC3\xA9"), "\xC3\x89t\xC3\xA9");  // ASCII-only lowercase
   // Foo, ▁foo and FOO merge; the two whitespace runs, the partial byte and the special stay apart; x is new.
   std::vector<std::string> texts = {"Foo",
                                     "\xE2\x96\x81"
@@ -184,12 +185,12 @@ TEST(Engram, CanonicalMapMergesEqualNormalForms) {
                                     "x",
                                     "\xC3"};
   std::vector<bool> special = {false, false, false, false, false, false, true, false, false};
-  EXPECT_EQ(model::engram_canonical_map(texts, special), (std::vector<int64_t>{0, 0, 0, 1, 2, 3, 4, 5, 3}));
+  EXPECT_EQ(data::engram_canonical_map(texts, special), (std::vector<int64_t>{0, 0, 0, 1, 2, 3, 4, 5, 3}));
 }
 
 TEST(Engram, CanonicalMapOfTheCodeTokenizer) {
   auto tok = data::Tokenizer::load(source_path("tokenizer/slm-code-32k.model"));
-  auto map = model::engram_canonical_map(tok);
+  auto map = data::engram_canonical_map(tok);
   ASSERT_EQ(map.size(), tok.vocab_size());
   // Dense, in first-seen order.
   int64_t next = 0;

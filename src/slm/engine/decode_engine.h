@@ -1,7 +1,7 @@
 #pragma once
-// The first Engine: one worker thread per model, one request at a time, through the model's own prefill +
-// cached decode loop (engine::generate) on the device the model lives on (CPU or CUDA). Requests wait in a bounded
-// FIFO queue.
+// The first Engine: one worker thread per engine, one request at a time, through the model's own prefill + cached
+// decode loop (engine::generate, or generate_mixture for a mixture of models) on the device the model lives on (CPU
+// or CUDA; decode steps replay a CUDA graph where allowed). Requests wait in a bounded FIFO queue.
 #include <memory>
 #include <mutex>
 #include <vector>

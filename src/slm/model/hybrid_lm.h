@@ -96,7 +96,7 @@ class HybridLM : public torch::nn::Module {
   const std::vector<Engram>& engram_layers() const { return engram_; }
   // Learned mHC mixes by layer (null where a layer uses the plain mix), registered as layers.{i}.mhc.
   const std::vector<MhcMix>& mhc_layers() const { return mhc_; }
-  // Installs a tokenizer's compression map (engram_canonical_map): map[id] in [0, vocab) for every id.
+  // Installs a tokenizer's compression map (data::engram_canonical_map): map[id] in [0, vocab) for every id.
   void set_engram_canonical_ids(const std::vector<int64_t>& map);
   // Keeps every Engram table in host memory (true; only the gathered rows go to the device) or on the device.
   void set_engram_host_resident(bool host);
@@ -139,12 +139,12 @@ struct LayerSummary {
 };
 
 struct ModelSummary {
-  int64_t total = 0;      // main model (MTP excluded)
+  int64_t total = 0;  // main model (MTP excluded)
   int64_t active = 0;
   int64_t mtp_total = 0;
   int64_t engram_tables = 0;  // Engram table elements (not in total, as the accounting)
-  int64_t buffers = 0;    // elements of non-parameter state (MoE balancing biases)
-  int64_t bytes = 0;      // parameters and buffers in the dtype the model was built with
+  int64_t buffers = 0;        // elements of non-parameter state (MoE balancing biases)
+  int64_t bytes = 0;          // parameters and buffers in the dtype the model was built with
   std::vector<LayerSummary> layers;
 };
 

@@ -19,6 +19,7 @@
 #include <set>
 #include <sstream>
 
+#include "slm/data/engram_canonical.h"
 #include "slm/data/loader.h"
 #include "slm/data/shards.h"
 #include "slm/data/tokenizer.h"
@@ -318,7 +319,7 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
   if (!tokenizer.empty() && tokenizer != "none") {
     auto tok = data::Tokenizer::load(tokenizer);
     if (s->recipe.engram.enabled) {
-      canonical = model::engram_canonical_map(tok);
+      canonical = data::engram_canonical_map(tok);
       canonical.resize(s->recipe.vocab_size);
       for (size_t id = tok.vocab_size(); id < canonical.size(); ++id) canonical[id] = static_cast<int64_t>(id);
     }

@@ -8,8 +8,6 @@
 #include <map>
 #include <unordered_map>
 
-#include "slm/data/text.h"
-#include "slm/data/tokenizer.h"
 #include "slm/io/safetensors.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/util/error.h"
@@ -22,10 +20,6 @@ namespace {
 // The demo's gate floor: sqrt is clamped away from 0 where its slope is unbounded.
 constexpr double kGateFloor = 1e-6;
 
-bool is_space(char c) {
-  return c == ' ' || c == '\t' || c == '\r' || c == '\n';
-}
-
 uint64_t splitmix64(uint64_t& s) {
   uint64_t z = (s += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -34,57 +28,6 @@ uint64_t splitmix64(uint64_t& s) {
 }
 
 }  // namespace
-
-std::string engram_normal_form(std::string_view text) {
-  static const std::string kSpaceMarker = "\xE2\x96\x81";  // U+2581, sentencepiece's space
-  std::string out;
-  bool pending_space = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    char c = text[i];
-    if (text.compare(i, kSpaceMarker.size(), kSpaceMarker) == 0) {
-      c = ' ';
-      i += kSpaceMarker.size() - 1;
-    }
-    if (is_space(c)) {
-      pending_space = !out.empty();
-      continue;
-    }
-    if (pending_space) out.push_back(' ');
-    pending_space = false;
-    out.push_back(c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c);
-  }
-  return out.empty() ? std::string(text) : out;
-}
-
-std::vector<int64_t> engram_canonical_map(const std::vector<std::string>& texts, const std::vector<bool>& special) {
-  if (special.size() != texts.size()) throw Error("engram canonical map: one special flag per token text needed");
-  std::unordered_map<std::string, int64_t> index;
-  std::vector<int64_t> out;
-  out.reserve(texts.size());
-  for (size_t id = 0; id < texts.size(); ++id) {
-    // Keys of their own start with a byte no normal form starts with (normal forms are valid UTF-8 text).
-    std::string key = special[id] ? "\xFF"
-                                    "special " +
-                                        std::to_string(id)
-                      : !data::is_valid_utf8(texts[id]) ? "\xFF"
-                                                          "bytes " +
-                                                              texts[id]
-                                                        : engram_normal_form(texts[id]);
-    auto [it, added] = index.emplace(key, static_cast<int64_t>(index.size()));
-    out.push_back(it->second);
-  }
-  return out;
-}
-
-std::vector<int64_t> engram_canonical_map(const data::Tokenizer& tok) {
-  std::vector<std::string> texts;
-  std::vector<bool> special;
-  for (uint32_t id = 0; id < tok.vocab_size(); ++id) {
-    texts.push_back(tok.decode({id}));
-    special.push_back(tok.is_special(id));
-  }
-  return engram_canonical_map(texts, special);
-}
 
 std::vector<int64_t> engram_multipliers(int layer, int max_order, int64_t vocab) {
   // x <= vocab and m <= 2·bound + 1 keep x·m <= INT64_MAX (x = vocab is the before-the-start id).

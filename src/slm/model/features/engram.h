@@ -25,23 +25,9 @@
 #include "slm/model/layers/recurrent_cache.h"
 #include "slm/recipe/recipe.h"
 
-namespace slm::data {
-class Tokenizer;
-}
-
 namespace slm::model {
 
 class HybridLM;
-
-// The key equal token texts share: ASCII lowercase, the sentencepiece space marker U+2581 read as a space,
-// whitespace runs collapsed to one space and stripped at both ends; a text that normalises to "" keeps itself.
-std::string engram_normal_form(std::string_view text);
-
-// The compression map of a vocabulary: map[id] = dense index (in first-seen order) of the id's key. The key is
-// engram_normal_form of its text, except that texts which are not valid UTF-8 (partial byte tokens) and special
-// tokens keep a key of their own.
-std::vector<int64_t> engram_canonical_map(const std::vector<std::string>& texts, const std::vector<bool>& special);
-std::vector<int64_t> engram_canonical_map(const data::Tokenizer& tokenizer);
 
 // Odd hash multipliers of one Engram layer (max order of them), small enough that x·m cannot overflow int64
 // for any x <= vocab (a fixed SplitMix64 stream seeded by the layer index).
