@@ -1,10 +1,11 @@
 // Batch-1 decode speed of whole models, as a fraction of the memory roofline.
-//   decode_bench [--recipe R]... [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4] [--prompt-tokens 128]
+//   decode_bench [--recipe R]... [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4 [--quantize-head]] [--prompt-tokens 128]
 //                [--steps 64] [--batch 1] [--graph] [--moe-paths] [--profile]
 //   (default recipes: recipes/specialist-small.json and recipes/tiny-hybrid.json)
 // Random weights (N(0, 1/fan_in) for matrices, so no projection is the zero matrix a fresh model starts with); with
 // --nvfp4 they go through `slm quantize`'s code (nvfp4::quantize_checkpoint, via a temporary file: there is no
-// in-memory quantizer) and model::load_weights, so every quantizable matrix runs nvfp4::linear. One batched prefill of
+// in-memory quantizer) and model::load_weights, so every quantizable matrix runs nvfp4::linear (with --quantize-head
+// the LM head too, as `slm quantize --quantize-head` writes it). One batched prefill of
 // the prompt (timed once, after an untimed prefill of the same length in another state), then greedy decode: a step is
 // one HybridLM::decode plus the argmax that picks the next token, on the device. Reported: the median step over
 // --steps steps after 2 warm-up steps, tokens/s = batch / median step.
@@ -33,6 +34,7 @@
 #include "slm/engine/graph_decoder.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
+#include "slm/quant/nvfp4_linear.h"
 #include "slm/quant/quantize_checkpoint.h"
 #include "slm/recipe/accounting.h"
 #include "slm/recipe/recipe.h"
@@ -47,6 +49,7 @@ struct Options {
   std::string device = "cpu";
   std::string dtype = "fp32";
   bool nvfp4 = false;
+  bool quantize_head = false;
   int64_t prompt = 128;
   int64_t steps = 64;
   int64_t batch = 1;
@@ -89,7 +92,8 @@ std::unique_ptr<slm::model::HybridLM> build(const slm::Recipe& recipe, const Opt
     randomize(dense);
     slm::model::save_weights(dense, stem + "_dense.safetensors");
   }
-  slm::nvfp4::quantize_checkpoint(stem + "_dense.safetensors", stem + "_nvfp4.safetensors", recipe, {});
+  slm::nvfp4::quantize_checkpoint(stem + "_dense.safetensors", stem + "_nvfp4.safetensors", recipe, {},
+                                   o.quantize_head);
   ::unlink((stem + "_dense.safetensors").c_str());
   auto m = std::make_unique<slm::model::HybridLM>(recipe, options);
   slm::model::load_weights(*m, stem + "_nvfp4.safetensors");
@@ -185,7 +189,7 @@ Timing run_decode(slm::model::HybridLM& m, const Options& o, const torch::Device
       slm::train::Profiler profiler;
       profiler.start(gpu);
       for (int64_t i = 0; i < o.steps; ++i) next = step(next).argmax(-1);
-      std::printf("%s", profiler.stop(o.steps).text(25).c_str());
+      std::printf("%s", profiler.stop(o.steps).text(60).c_str());
     }
   }
   return t;
@@ -227,6 +231,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
   app.add_option("--dtype", o.dtype, "fp32 or bf16: the model's parameters and activations")->capture_default_str();
   app.add_flag("--nvfp4", o.nvfp4, "quantize the quantizable matrices to NVFP4, as slm quantize does");
+  app.add_flag("--quantize-head", o.quantize_head, "with --nvfp4: the LM head in NVFP4 too (slm quantize --quantize-head)");
   app.add_option("--prompt-tokens", o.prompt, "prompt length, prefilled in one call")->capture_default_str();
   app.add_option("--steps", o.steps, "timed decode steps")->capture_default_str();
   app.add_option("--batch", o.batch, "sequences decoded together")->capture_default_str();
@@ -251,9 +256,11 @@ int main(int argc, char** argv) {
     const double bandwidth = copy_bandwidth(device);
     std::printf(
         "device %s, %d intra-op threads, %s%s, batch %lld, prompt %lld, median of %lld steps after %d warm-up\n",
-        o.device.c_str(), torch::get_num_threads(), o.dtype.c_str(), o.nvfp4 ? " + NVFP4 matrices" : "",
+        o.device.c_str(), torch::get_num_threads(), o.dtype.c_str(), !o.nvfp4 ? "" : o.quantize_head ? " + NVFP4 matrices and head" : " + NVFP4 matrices",
         static_cast<long long>(o.batch), static_cast<long long>(o.prompt), static_cast<long long>(o.steps), kWarmup);
     std::printf("copy bandwidth %.1f GB/s (read + written)\n", bandwidth / 1e9);
+    if (o.nvfp4 && !device.is_cuda())
+      std::printf("NVFP4 CPU kernel: %s\n", slm::nvfp4::cpu_kernel_name(slm::nvfp4::CpuKernel::Auto));
     std::printf("%-18s %9s %11s %10s %9s %11s %10s %9s\n", "recipe", "active", "prefill ms", "ms/step", "tok/s",
                 "MiB/step", "roof tok/s", "of roof");
     for (const auto& path : o.recipes) {

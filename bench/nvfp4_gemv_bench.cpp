@@ -3,8 +3,8 @@
 //   nvfp4_gemv_bench [--device cpu|cuda|all] [--batch 1,4,16] [--quick] [--rotate-mb 256]
 //
 // For each weight shape [N, K] and batch M it times y = x W^T with
-//   CPU:  slm::nvfp4::linear (NVFP4, on-the-fly dequant, FP32 accumulation) vs torch::matmul with FP32 and BF16
-//         weights (libtorch's own kernels);
+//   CPU:  slm::nvfp4::linear (NVFP4, on-the-fly dequant, FP32 accumulation; each CPU kernel this machine runs) vs
+//         torch::matmul with FP32 and BF16 weights (libtorch's own kernels);
 //   CUDA: the NVFP4 GEMV kernel (BF16 activations; with programmatic dependent launch, as nvfp4::linear runs it, and
 //         with plain launches) vs cuBLAS cublasGemmEx with BF16 weights; launches are recorded into a CUDA graph so
 //         launch overhead does not hide the kernels, and timed with CUDA events.
@@ -99,8 +99,16 @@ void run_cpu(const Options& o) {
   double bw = cpu_bandwidth(o);
   std::printf("measured read bandwidth (torch sum over %d MiB, best of 5): %.2f GB/s\n\n", o.quick ? 256 : 1024,
               bw / 1e9);
-  std::printf("%-24s %3s | %10s %8s %5s | %10s %8s %7s | %10s %8s %7s\n", "shape", "M", "NVFP4 us", "GB/s", "%bw",
+  // Every CPU kernel this machine runs, the one nvfp4::linear picks first.
+  std::vector<fp4::CpuKernel> kernels;
+  for (auto k : {fp4::CpuKernel::Avx512Bf16, fp4::CpuKernel::Avx2, fp4::CpuKernel::Portable})
+    if (fp4::cpu_kernel_available(k)) kernels.push_back(k);
+  std::printf("NVFP4 kernel (what nvfp4::linear picks): %s; also timed:", fp4::cpu_kernel_name(fp4::CpuKernel::Auto));
+  for (size_t i = 1; i < kernels.size(); ++i) std::printf(" %s", fp4::cpu_kernel_name(kernels[i]));
+  std::printf("\n\n%-24s %3s | %10s %8s %5s | %10s %8s %7s | %10s %8s %7s", "shape", "M", "NVFP4 us", "GB/s", "%bw",
               "FP32 us", "GB/s", "speedup", "BF16 us", "GB/s", "speedup");
+  for (size_t i = 1; i < kernels.size(); ++i) std::printf(" | %11s us", fp4::cpu_kernel_name(kernels[i]));
+  std::printf("\n");
   const double min_time = o.quick ? 0.2 : 1.0;
   for (const auto& s : kShapes) {
     torch::manual_seed(1);
@@ -122,12 +130,20 @@ void run_cpu(const Options& o) {
     for (int64_t M : o.batches) {
       torch::Tensor x = torch::randn({M, s.k});
       torch::Tensor xb = x.to(torch::kBFloat16);
-      double tq = time_calls([&](int i) { fp4::linear(x, qs[i % qs.size()]); }, min_time, 8);
+      std::vector<double> tk;
+      for (auto k : kernels) {
+        fp4::set_cpu_kernel(k);
+        tk.push_back(time_calls([&](int i) { fp4::linear(x, qs[i % qs.size()]); }, min_time, 8));
+      }
+      fp4::set_cpu_kernel(fp4::CpuKernel::Auto);
+      const double tq = tk[0];
       double tf = time_calls([&](int i) { torch::matmul(x, f32s[i % f32s.size()].t()); }, min_time, 4);
       double tb = time_calls([&](int i) { torch::matmul(xb, bf16s[i % bf16s.size()].t()); }, min_time, 4);
-      std::printf("%-24s %3lld | %10.1f %8.2f %4.0f%% | %10.1f %8.2f %6.2fx | %10.1f %8.2f %6.2fx\n", s.what,
+      std::printf("%-24s %3lld | %10.1f %8.2f %4.0f%% | %10.1f %8.2f %6.2fx | %10.1f %8.2f %6.2fx", s.what,
                   static_cast<long long>(M), tq * 1e6, qbytes / tq / 1e9, 100 * qbytes / tq / bw, tf * 1e6,
                   f32bytes / tf / 1e9, tf / tq, tb * 1e6, bf16bytes / tb / 1e9, tb / tq);
+      for (size_t i = 1; i < tk.size(); ++i) std::printf(" | %14.1f", tk[i] * 1e6);
+      std::printf("\n");
       std::fflush(stdout);
     }
   }

@@ -4,6 +4,7 @@
 // and stay close to the unquantized model's. Corrupt NVFP4 checkpoints are refused naming the tensor.
 #include <unistd.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -13,6 +14,7 @@
 #include "slm/io/safetensors.h"
 #include "slm/model/weights.h"
 #include "slm/quant/nvfp4.h"
+#include "slm/quant/nvfp4_linear.h"
 #include "slm/quant/nvfp4_store.h"
 #include "slm/quant/quantize_checkpoint.h"
 #include "slm/recipe/accounting.h"
@@ -30,23 +32,36 @@ std::string temp_file(const std::string& name) {
   return testing::TempDir() + "/nvfp4_model_" + std::to_string(getpid()) + "_" + name;
 }
 
-std::set<std::string> quantizable_names(const Recipe& r) {
+std::set<std::string> quantizable_names(const Recipe& r, bool head = false) {
   std::set<std::string> out;
   for (const auto& p : account(r, make_plan(r)).params)
-    if (p.quantized()) out.insert(p.name);
+    if (p.quantized() || (head && p.kind == ParamKind::Head)) out.insert(p.name);
   return out;
 }
+
+// The equality tests below check the wiring (which weight runs where) to FP32 summation-order error, so they run
+// an NVFP4 kernel that keeps x in FP32; the BF16-activation kernel is checked against its own reference in
+// tests/quant/test_nvfp4_linear.cpp and, at the model level, to BF16 tolerance.
+nvfp4::CpuKernel fp32_kernel() {
+  return nvfp4::cpu_kernel_available(nvfp4::CpuKernel::Avx2) ? nvfp4::CpuKernel::Avx2 : nvfp4::CpuKernel::Portable;
+}
+struct Fp32Kernel {
+  Fp32Kernel() { nvfp4::set_cpu_kernel(fp32_kernel()); }
+  ~Fp32Kernel() { nvfp4::set_cpu_kernel(nvfp4::CpuKernel::Auto); }
+};
 
 // A random tiny-hybrid model saved dense (fp32) and quantized by the checkpoint quantizer.
 struct Checkpoints {
   Recipe recipe = tiny_hybrid();
   std::string dense = temp_file("dense.safetensors");
   std::string nvfp4 = temp_file("nvfp4.safetensors");
+  std::string nvfp4_head = temp_file("nvfp4_head.safetensors");  // the LM head quantized too
   Checkpoints() {
     model::HybridLM m(recipe);
     randomize(m, 31);
     model::save_weights(m, dense);
     nvfp4::quantize_checkpoint(dense, nvfp4, recipe, {});
+    nvfp4::quantize_checkpoint(dense, nvfp4_head, recipe, {}, /*quantize_head=*/true);
   }
 };
 
@@ -64,9 +79,9 @@ std::unique_ptr<model::HybridLM> load(const std::string& path) {
 
 // The reference: the dense model with every quantizable weight replaced by dequantize(quantize(W)) in fp32 and
 // every other tensor rounded to BF16, as the quantizer stores it; it runs the ordinary dense matmuls.
-std::unique_ptr<model::HybridLM> dequantized_reference() {
+std::unique_ptr<model::HybridLM> dequantized_reference(bool head = false) {
   auto m = load(checkpoints().dense);
-  const auto quantizable = quantizable_names(m->recipe());
+  const auto quantizable = quantizable_names(m->recipe(), head);
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : model::named_state(*m))
     t.copy_(quantizable.count(name) ? nvfp4::dequantize(nvfp4::quantize(t), torch::kFloat)
@@ -112,6 +127,7 @@ TEST(Nvfp4Model, EveryQuantizableWeightRunsInNvfp4WithoutADenseCopy) {
 
 TEST(Nvfp4Model, ForwardAndCachedDecodeEqualTheDequantizedDenseModel) {
   single_threaded();
+  Fp32Kernel exact;
   auto q = load(checkpoints().nvfp4);
   auto ref = dequantized_reference();
   auto full = load(checkpoints().dense);
@@ -122,6 +138,19 @@ TEST(Nvfp4Model, ForwardAndCachedDecodeEqualTheDequantizedDenseModel) {
   auto lq = q->forward(tokens).logits, lr = ref->forward(tokens).logits;
   const double forward_diff = rel_max_diff(lq, lr);
   EXPECT_LT(forward_diff, 1e-5);
+  // The kernel nvfp4::linear picks by default (BF16 activations where the CPU has AVX-512 BF16): x's rounding to
+  // 8 significant bits (2^-9 relative) before every NVFP4 product, compounded over 12 random layers, moves the logits
+  // by about 1% (relative L2; the max-abs measure above reads ~3%), a twentieth of what NVFP4's own rounding moves them
+  // (the rel L2 delta printed below, ~0.2) and far below a wiring error's O(1).
+  {
+    nvfp4::set_cpu_kernel(nvfp4::CpuKernel::Auto);
+    auto la = q->forward(tokens).logits;
+    const double auto_l2 = ((la - lr).norm() / lr.norm()).item<double>();
+    std::cout << "[nvfp4 " << nvfp4::cpu_kernel_name(nvfp4::CpuKernel::Auto) << " kernel vs dequantized reference] "
+              << "rel L2 " << auto_l2 << ", max abs / max |logit| " << rel_max_diff(la, lr) << "\n";
+    EXPECT_LT(auto_l2, 0.05);
+    nvfp4::set_cpu_kernel(fp32_kernel());
+  }
 
   auto sq = q->new_state(2, total), sr = ref->new_state(2, total);
   EXPECT_LT(rel_max_diff(q->prefill(tokens.narrow(1, 0, prompt), sq), ref->prefill(tokens.narrow(1, 0, prompt), sr)),
@@ -164,7 +193,10 @@ TEST(Nvfp4Model, GenerateRunsTheNvfp4Checkpoint) {
     return run_slm("generate --recipe " + source_path("recipes/tiny-hybrid.json") + " --checkpoint " + ckpt +
                    " --prompt 'template <typename T>' --max-tokens 12 --temperature 0");
   };
+  // Greedy equality needs the same arithmetic: the FP32-activation kernel in the child process too.
+  setenv("SLM_NVFP4_CPU_KERNEL", nvfp4::cpu_kernel_name(fp32_kernel()), 1);
   CliResult g = generate(q_cli), r = generate(ref_path);
+  unsetenv("SLM_NVFP4_CPU_KERNEL");
   ASSERT_EQ(g.code, 0) << g.out;
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(g.out.find("NVFP4 checkpoint: " + std::to_string(quantizable_names(checkpoints().recipe).size()) +
@@ -177,6 +209,29 @@ TEST(Nvfp4Model, GenerateRunsTheNvfp4Checkpoint) {
   };
   ASSERT_NE(g.out.find("generated"), std::string::npos) << g.out;
   EXPECT_EQ(ids(g.out), ids(r.out));
+}
+
+// `slm quantize --quantize-head`: the LM head runs in NVFP4 as well, and the logits equal the dense model's with the
+// head dequantized too.
+TEST(Nvfp4Model, TheLmHeadCanRunInNvfp4) {
+  single_threaded();
+  Fp32Kernel exact;
+  auto q = load(checkpoints().nvfp4_head);
+  const auto used = model::nvfp4_weights(*q);
+  const auto want = quantizable_names(q->recipe(), /*head=*/true);
+  EXPECT_EQ(std::set<std::string>(used.begin(), used.end()), want);
+  EXPECT_TRUE(want.count("lm_head.weight"));
+  EXPECT_EQ(model::named_state(*q).at("lm_head.weight").numel(), 0);
+  auto ref = dequantized_reference(/*head=*/true);
+  auto base = load(checkpoints().nvfp4);  // head in BF16
+  torch::NoGradGuard no_grad;
+  auto tokens = random_tokens(2, 19, q->recipe().vocab_size, 9);
+  auto lq = q->forward(tokens).logits, lr = ref->forward(tokens).logits;
+  EXPECT_LT(rel_max_diff(lq, lr), 1e-5);
+  EXPECT_GT(rel_max_diff(base->forward(tokens).logits, lr), 1e-3);  // the head really changed
+  auto sq = q->new_state(2, 19), sr = ref->new_state(2, 19);
+  EXPECT_LT(rel_max_diff(q->prefill(tokens.narrow(1, 0, 18), sq), ref->prefill(tokens.narrow(1, 0, 18), sr)), 1e-5);
+  EXPECT_LT(rel_max_diff(q->decode(tokens.select(1, 18), sq), ref->decode(tokens.select(1, 18), sr)), 1e-5);
 }
 
 TEST(Nvfp4Model, TruncatedCheckpointIsRefusedNamingTheTensor) {

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdio>
+
 #include "slm/quant/nvfp4.h"
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/util/error.h"
@@ -31,16 +33,25 @@ void expect_matches_reference(const torch::Tensor& x, const nv::QTensor& w, cons
 
 }  // namespace
 
+// Every CPU kernel this machine runs. The AVX-512 BF16 kernel rounds x to BF16 first (as the CUDA GEMV does), so
+// its reference takes the BF16-rounded x; the others compute with x as given.
 TEST(Nvfp4Linear, CpuMatchesDequantizeThenMatmulOnRandomShapes) {
-  for (bool simd : {true, false}) {
-    SCOPED_TRACE(simd ? "SIMD kernel" : "portable kernel");
-    nv::cpu_kernel_use_simd(simd);
+  for (auto kernel : {nv::CpuKernel::Avx512Bf16, nv::CpuKernel::Avx2, nv::CpuKernel::Portable}) {
+    if (!nv::cpu_kernel_available(kernel)) {
+      std::printf("[  NOTE    ] the %s kernel does not run on this CPU: not tested here\n", nv::cpu_kernel_name(kernel));
+      continue;
+    }
+    SCOPED_TRACE(nv::cpu_kernel_name(kernel));
+    nv::set_cpu_kernel(kernel);
+    const bool bf16_x = kernel == nv::CpuKernel::Avx512Bf16;
     torch::manual_seed(21);
     struct Case {
       int64_t M, N, K;
     };
+    // K of 1 to 43 blocks: odd and even block counts, one or many 64-element steps, a ragged last block.
     std::vector<Case> cases = {{1, 1, 1},    {1, 7, 16},   {2, 33, 37},  {3, 64, 64},   {4, 17, 100},
-                               {5, 40, 250}, {8, 129, 48}, {13, 9, 513}, {16, 96, 160}, {21, 31, 77}};
+                               {5, 40, 250}, {8, 129, 48}, {13, 9, 513}, {16, 96, 160}, {21, 31, 77},
+                               {1, 300, 688}, {1, 5, 32},  {2, 3, 96}};
     for (const auto& c : cases) {
       SCOPED_TRACE(::testing::Message() << "M " << c.M << " N " << c.N << " K " << c.K);
       torch::Tensor wf = torch::randn({c.N, c.K}) * torch::exp(torch::randn({c.N, c.K}));
@@ -48,10 +59,16 @@ TEST(Nvfp4Linear, CpuMatchesDequantizeThenMatmulOnRandomShapes) {
       torch::Tensor x = torch::randn({c.M, c.K});
       torch::Tensor y = nv::linear(x, w);
       EXPECT_EQ(y.scalar_type(), torch::kFloat);
-      expect_matches_reference(x, w, y);
+      expect_matches_reference(bf16_x ? x.to(torch::kBFloat16) : x, w, y);
     }
+    // Block scales across the E4M3 range, subnormal ones included, in one row: a wrong scale decode shows.
+    torch::Tensor wf = torch::randn({4, 256}) * torch::pow(2.0, torch::arange(-16, 0).repeat_interleave(16)).view({1, 256});
+    wf[1] *= -1;
+    nv::QTensor w = nv::quantize(wf);
+    torch::Tensor x = torch::randn({3, 256});
+    expect_matches_reference(bf16_x ? x.to(torch::kBFloat16) : x, w, nv::linear(x, w));
   }
-  nv::cpu_kernel_use_simd(true);
+  nv::set_cpu_kernel(nv::CpuKernel::Auto);
 }
 
 TEST(Nvfp4Linear, CpuAcceptsBatchDimsHalfInputsAndExpertSlices) {

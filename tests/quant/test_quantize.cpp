@@ -142,6 +142,13 @@ TEST(Quantize, CommandPrintsTheFamilyTableAndTotals) {
   EXPECT_GT(j["total"]["quantized"].get<int>(), 0);
   EXPECT_GT(j["families"]["moe_experts"]["ratio_vs_bf16"].get<double>(), 1.5);  // tiny shapes: 16-wide rows
   EXPECT_EQ(j["families"]["embedding"]["quantized"], 0);
+  EXPECT_EQ(j["families"]["lm_head"]["quantized"], 0);  // the head stays BF16 unless asked
+  r = run_slm("quantize" + recipe + " --in " + c.path + " --out " + out + " --json --quantize-head");
+  ASSERT_EQ(r.code, 0) << r.out;
+  j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["families"]["lm_head"]["quantized"], 1);
+  EXPECT_EQ(j["families"]["embedding"]["quantized"], 0);
+  EXPECT_EQ(nv::load_checkpoint(out).quantized.count("lm_head.weight"), 1u);
   r = run_slm("quantize" + recipe + " --in " + testing::TempDir() + "/missing.safetensors --out " + out);
   EXPECT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("missing.safetensors"), std::string::npos) << r.out;

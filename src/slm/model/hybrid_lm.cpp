@@ -4,6 +4,7 @@
 
 #include "slm/model/layer_registry.h"
 #include "slm/model/layers/attention.h"
+#include "slm/ops/rms_norm.h"
 #include "slm/recipe/accounting.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
@@ -62,7 +63,7 @@ torch::Tensor HybridLM::embed_tokens(const torch::Tensor& tokens) {
   if (tokens.dim() != 2 || tokens.scalar_type() != torch::kLong)
     throw Error("model input must be int64 token ids [batch, time]");
   auto x = embed(tokens);
-  return at::rms_norm(x, {x.size(-1)}, {}, recipe_.norm_eps);
+  return ops::rms_norm(x, std::nullopt, recipe_.norm_eps);
 }
 
 torch::Tensor HybridLM::head(const torch::Tensor& normed) {

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "slm/ops/rms_norm.h"
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
@@ -59,7 +60,7 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const torch::TensorOptions& o
 }
 
 torch::Tensor RMSNormImpl::forward(const torch::Tensor& x) {
-  return at::rms_norm(x, {weight.size(0)}, weight, eps);
+  return ops::rms_norm(x, weight, eps);
 }
 
 SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t hidden, const torch::TensorOptions& options) {

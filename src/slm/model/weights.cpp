@@ -78,14 +78,14 @@ void load_weights(HybridLM& model, const std::string& path) {
   const auto slots = nvfp4_slots(model);
   std::set<std::string> quantizable;
   for (const auto& p : account(model.recipe(), model.plan()).params)
-    if (p.quantized()) quantizable.insert(p.name);
+    if (p.quantized() || p.kind == ParamKind::Head) quantizable.insert(p.name);
   for (const auto& [name, q] : file.quantized) {
     auto it = state.find(name);
     if (it == state.end()) throw not_in_model(name);
     if (!quantizable.count(name))
       throw Error(path + ": tensor " + name +
-                  " is stored in NVFP4, but the model runs it dense (only linear projections, expert weights and "
-                  "Engram tables may be quantized)");
+                  " is stored in NVFP4, but the model runs it dense (only linear projections, expert weights, the "
+                  "LM head and Engram tables may be quantized)");
     if (q.shape != it->second.sizes().vec())
       throw Error(path + ": NVFP4 tensor " + name + " has shape " + shape_text(q.shape) + ", the model needs " +
                   shape_text(it->second.sizes()));

@@ -5,9 +5,12 @@
 #include <torch/torch.h>
 
 #include <numbers>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "slm/ops/mamba3_step_cpu.h"
+#include "slm/ops/rms_norm.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
 
@@ -190,7 +193,7 @@ Scalars scalars(const Mamba3Projections& p, const Mamba3Weights& w, const at::Te
 
 // RMSNorm_N(bc)·gain [B, T, R, G, N] in compute type ct.
 at::Tensor normed(const at::Tensor& bc, const at::Tensor& gain, const Mamba3Weights& w, at::ScalarType ct) {
-  return at::rms_norm(bc.to(ct), {bc.size(-1)}, gain.to(ct), w.norm_eps);
+  return rms_norm(bc.to(ct), gain.to(ct), w.norm_eps);
 }
 
 // Normed B or C [B, T, R, G, N] -> per-head rotated keys or queries [B, T, H, R, N].
@@ -470,26 +473,31 @@ class FusedScan : public torch::autograd::Function<FusedScan> {
 #endif
 
 bool mamba3_step_fusable(const at::Tensor& proj, const Mamba3Weights& w, const Mamba3State& state) {
-#ifdef SLM_WITH_CUDA
-  if (!proj.defined() || !proj.is_cuda() || proj.dim() != 2 || !proj.is_contiguous()) return false;
+  if (!proj.defined() || proj.dim() != 2 || !proj.is_contiguous() || w.mimo_x.defined()) return false;
   const auto dt = proj.scalar_type();
-  if ((dt != at::kFloat && dt != at::kBFloat16) || w.mimo_x.defined()) return false;
+  if (proj.is_cuda()) {
+#ifdef SLM_WITH_CUDA
+    if (dt != at::kFloat && dt != at::kBFloat16) return false;
+#else
+    return false;
+#endif
+  } else if (!proj.is_cpu() || dt != at::kFloat) {
+    return false;
+  }
   for (const auto* t : {&w.dt_bias, &w.b_bias, &w.c_bias, &w.b_norm, &w.c_norm, &w.d})
     if (!t->defined() || t->scalar_type() != dt || !t->is_contiguous() || t->device() != proj.device()) return false;
   for (const auto* t : {&state.angle, &state.ssm, &state.k, &state.x})
     if (!t->defined() || t->scalar_type() != at::kFloat || !t->is_contiguous() || t->device() != proj.device())
       return false;
   return state.k.dim() == 4 && state.k.size(2) == 1 && 2 * state.angle.size(2) <= state.ssm.size(3);
-#else
-  (void)proj, (void)w, (void)state;
-  return false;
-#endif
 }
 
 std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, const Mamba3StepLayout& l,
                                                      const Mamba3Weights& w, const Mamba3State& state) {
   if (!mamba3_step_fusable(proj, w, state))
-    throw Error("mamba3: the fused decode step does not take this layer (CUDA, SISO, FP32/BF16, FP32 state)");
+    throw Error(
+        "mamba3: the fused decode step does not take this layer (SISO; FP32 on the CPU, FP32/BF16 on CUDA; FP32 "
+        "state)");
   const int64_t b = proj.size(0);
   if (proj.size(1) != 2 * l.d_inner + 2 * l.groups * l.d_state + 3 * l.heads + l.angles ||
       l.d_inner != l.heads * l.headdim || l.heads % l.groups != 0)
@@ -499,7 +507,9 @@ std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, con
   expect_shape(state.k, {b, l.heads, 1, l.d_state}, "state k");
   expect_shape(state.x, {b, l.heads, l.headdim}, "state x");
 #ifdef SLM_WITH_CUDA
-  const c10::cuda::CUDAGuard guard(proj.device());
+  std::optional<c10::cuda::CUDAGuard> guard;
+  if (proj.is_cuda()) guard.emplace(proj.device());
+#endif
   Mamba3State next{at::empty_like(state.angle), at::empty_like(state.ssm), at::empty_like(state.k),
                    at::empty_like(state.x)};
   auto y = at::empty({b, 1, l.heads, 1, l.headdim}, state.ssm.options());
@@ -513,12 +523,15 @@ std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, con
                                   state.k.data_ptr<float>(), state.x.data_ptr<float>(), next.angle.data_ptr<float>(),
                                   next.ssm.data_ptr<float>(), next.k.data_ptr<float>(), next.x.data_ptr<float>(),
                                   y.data_ptr<float>()};
+  if (proj.is_cpu()) {
+    mamba3_step_cpu(shape, args);
+    return {y, next};
+  }
+#ifdef SLM_WITH_CUDA
   check_launch(cuda::mamba3_step(shape, proj.scalar_type() == at::kBFloat16, args,
                                  c10::cuda::getCurrentCUDAStream(proj.device().index()).stream()));
-  return {y, next};
-#else
-  throw Error("mamba3: the fused decode step needs a CUDA build");
 #endif
+  return {y, next};
 }
 
 bool mamba3_fused(const Mamba3Projections& p, const Mamba3Weights& w) {
@@ -594,7 +607,7 @@ at::Tensor mamba3_gate(const at::Tensor& y, const at::Tensor& z, const at::Tenso
   auto o = y;
   if (norm_weight.defined()) {
     expect_shape(norm_weight, {h * p}, "out_norm weight");
-    o = at::rms_norm(o, {p}, std::nullopt, norm_eps) * norm_weight.to(o.scalar_type()).view({h, 1, p});
+    o = rms_norm(o, std::nullopt, norm_eps) * norm_weight.to(o.scalar_type()).view({h, 1, p});
   }
   auto zr = z.to(o.scalar_type()).unsqueeze(3);
   if (mimo_z.defined()) zr = zr * mimo_z.to(o.scalar_type());

@@ -6,9 +6,12 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "slm/util/error.h"
 
@@ -17,8 +20,8 @@ namespace slm::nvfp4 {
 namespace {
 
 struct Tables {
-  std::array<float, 512> pair;   // byte -> (value of the low nibble, value of the high nibble)
-  std::array<float, 256> e4m3;   // byte -> block scale
+  std::array<float, 512> pair;  // byte -> (value of the low nibble, value of the high nibble)
+  std::array<float, 256> e4m3;  // byte -> block scale
   Tables() {
     for (int b = 0; b < 256; ++b) {
       pair[2 * b] = e2m1_decode(static_cast<uint8_t>(b & 15));
@@ -34,18 +37,18 @@ const Tables& tables() {
 }
 
 struct Args {
-  const float* x;       // [M, Kp], zero-padded
-  const uint8_t* codes; // [N, Kp/2]
-  const uint8_t* scales;// [N, blocks]
+  const float* x;         // [M, Kp], zero-padded
+  const uint8_t* codes;   // [N, Kp/2]
+  const uint8_t* scales;  // [N, blocks]
   float s_dec;
-  float* y;             // [M, N]
+  float* y;  // [M, N]
   int64_t M, N, kp, blocks;
   const float* pair;
   const float* e4m3;
 };
 
-// Portable version. Rows [n0, n1) of W against x rows [m0, m0 + MC): each 16-element block is decoded once (LUT, times its scale)
-// into registers and multiplied into MC 16-wide accumulators, reduced once per output.
+// Portable version. Rows [n0, n1) of W against x rows [m0, m0 + MC): each 16-element block is decoded once (LUT, times
+// its scale) into registers and multiplied into MC 16-wide accumulators, reduced once per output.
 template <int MC>
 [[gnu::always_inline]] inline void rows_impl(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n) {
@@ -120,15 +123,144 @@ bool have_avx2() {
   static const bool v = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   return v;
 }
-#endif
 
-std::atomic<bool> g_use_simd{true};
+// AVX-512 with BF16 dot products (Zen 4, Sapphire Rapids): x is rounded to BF16 once per call (as the CUDA GEMV
+// reads it), the weights become exact BF16 values, and vdpbf16ps multiplies 32 of them per instruction with FP32
+// accumulation. Per 32-element chunk (two blocks, 16 code bytes): the bytes widened to 16 dwords, each dword d
+// turned into the word pair (d, d >> 4) by d | d << 12, and one 32-entry word permute (which reads only the low 5
+// bits of each index, so entry i holds the value of i & 15) gives the 32 weights in element order. The dot product's
+// 16 lanes are lanes 0-7 block 2j and 8-15 block 2j+1, scaled by their block scales with one FMA. Block scales are
+// decoded per row with F16C: an E4M3 byte b is the FP16 number ((b & 0x80) << 8) | ((b & 0x7F) << 7) times 2^8
+// (both formats have 3 mantissa bits; the biases differ by 8, subnormals included), so the row's scales are
+// widened, shifted and converted 16 at a time and 2^8 is folded into s_dec.
+struct Bf16Args {
+  const uint16_t* x;      // [M, kc] BF16 bits, zero-padded to whole chunks
+  const uint8_t* codes;   // [N, Kp/2]
+  const uint8_t* scales;  // [N, blocks]
+  float s_dec;
+  float* y;
+  int64_t M, N, blocks, kc;
+};
+
+#define SLM_AVX512BF16 gnu::target("avx512f,avx512bw,avx512vl,avx512bf16,f16c")
+// GCC 12's AVX-512 headers start several intrinsics from _mm512_undefined_*(), which -Wmaybe-uninitialized reports.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+// One 32-element chunk j of a row (its 16 code bytes in c) against MC rows of x, into acc[0..MC).
+template <int MC>
+[[SLM_AVX512BF16, gnu::always_inline]] inline void chunk_dot(const Bf16Args& a, __m512i lut, const float* sc,
+                                                             int64_t m0, int64_t j, __m128i c, __m512* acc) {
+  const __m512i d = _mm512_cvtepu8_epi32(c);
+  const __m512i wv = _mm512_permutexvar_epi16(_mm512_or_si512(d, _mm512_slli_epi32(d, 12)), lut);
+  const __m512 s = _mm512_mask_broadcastss_ps(_mm512_set1_ps(sc[2 * j]), 0xFF00, _mm_load_ss(sc + 2 * j + 1));
+  for (int mm = 0; mm < MC; ++mm) {
+    const __m512i xv = _mm512_loadu_si512(a.x + (m0 + mm) * a.kc + j * 32);
+    const __m512 p = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)wv, (__m512bh)xv);
+    acc[mm] = _mm512_fmadd_ps(p, s, acc[mm]);
+  }
+}
 
 template <int MC>
-void rows(const Args& a, int64_t m0, int64_t n0, int64_t n1) {
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (g_use_simd.load(std::memory_order_relaxed) && have_avx2()) return rows_avx2<MC>(a, m0, n0, n1);
+[[SLM_AVX512BF16]] void rows_avx512bf16(const Bf16Args& a, int64_t m0, int64_t n0, int64_t n1) {
+  alignas(64) uint16_t lut_words[32];
+  for (int i = 0; i < 32; ++i) {
+    const float v = e2m1_decode(static_cast<uint8_t>(i & 15));
+    uint32_t bits;
+    std::memcpy(&bits, &v, 4);
+    lut_words[i] = static_cast<uint16_t>(bits >> 16);  // exact: E2M1 values have at most 2 significant bits
+  }
+  const __m512i lut = _mm512_load_si512(lut_words);
+  const int64_t chunks = (a.blocks + 1) / 2, full = a.blocks / 2;
+  const int64_t sblocks = (a.blocks + 15) / 16 * 16;
+  float* sc = static_cast<float*>(__builtin_alloca(sizeof(float) * (sblocks + 16)));
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* crow = a.codes + n * a.blocks * 8;
+    const uint8_t* srow = a.scales + n * a.blocks;
+    for (int64_t b = 0; b < sblocks; b += 16) {
+      const int64_t left = std::min<int64_t>(16, a.blocks - b);
+      const __m128i bytes = _mm_maskz_loadu_epi8(static_cast<__mmask16>((1u << left) - 1), srow + b);
+      const __m256i w = _mm256_cvtepu8_epi16(bytes);
+      const __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x80)), 8),
+                                        _mm256_slli_epi16(_mm256_and_si256(w, _mm256_set1_epi16(0x7F)), 7));
+      _mm512_storeu_ps(sc + b, _mm512_cvtph_ps(h));
+    }
+    // Two accumulators per x row (even and odd chunks) so consecutive FMAs do not wait on each other.
+    __m512 acc0[MC], acc1[MC];
+    for (int mm = 0; mm < MC; ++mm) acc0[mm] = acc1[mm] = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 2 <= full; j += 2) {
+      chunk_dot<MC>(a, lut, sc, m0, j, _mm_loadu_si128(reinterpret_cast<const __m128i*>(crow + j * 16)), acc0);
+      chunk_dot<MC>(a, lut, sc, m0, j + 1, _mm_loadu_si128(reinterpret_cast<const __m128i*>(crow + j * 16 + 16)), acc1);
+    }
+    for (; j < full; ++j)
+      chunk_dot<MC>(a, lut, sc, m0, j, _mm_loadu_si128(reinterpret_cast<const __m128i*>(crow + j * 16)), acc0);
+    if (chunks > full)  // an odd last block: its 8 code bytes; the missing half decodes to zero weights and scale
+      chunk_dot<MC>(a, lut, sc, m0, full, _mm_loadl_epi64(reinterpret_cast<const __m128i*>(crow + full * 16)), acc1);
+    for (int mm = 0; mm < MC; ++mm)
+      a.y[(m0 + mm) * a.N + n] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[mm], acc1[mm])) * a.s_dec;
+  }
+}
+
+// x [M, K] (any float dtype) -> BF16 bits [M, kc], round to nearest even, zero-padded.
+[[SLM_AVX512BF16]] void to_bf16_rows(const float* x, int64_t M, int64_t kp, uint16_t* out, int64_t kc) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * kp;
+    uint16_t* o = out + m * kc;
+    for (int64_t i = 0; i < kc; i += 32) {
+      const int64_t l0 = std::clamp<int64_t>(kp - i, 0, 16), l1 = std::clamp<int64_t>(kp - i - 16, 0, 16);
+      const __m512 v0 = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << l0) - 1), xr + i);
+      const __m512 v1 = _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << l1) - 1), xr + i + 16);
+      _mm512_storeu_si512(o + i, (__m512i)_mm512_cvtne2ps_pbh(v1, v0));
+    }
+  }
+}
+
+#pragma GCC diagnostic pop
+
+bool have_avx512bf16() {
+  static const bool v = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16") &&
+                        __builtin_cpu_supports("f16c");
+  return v;
+}
 #endif
+
+std::atomic<CpuKernel> g_kernel{CpuKernel::Auto};
+
+// SLM_NVFP4_CPU_KERNEL=portable|avx2|avx512-bf16 picks the kernel for the whole process (a name this CPU does not run
+// is an error at the first product); unset or "auto", the fastest one that runs.
+CpuKernel env_kernel() {
+  static const CpuKernel k = [] {
+    const char* v = std::getenv("SLM_NVFP4_CPU_KERNEL");
+    const std::string name = v ? v : "auto";
+    for (auto c : {CpuKernel::Portable, CpuKernel::Avx2, CpuKernel::Avx512Bf16})
+      if (name == cpu_kernel_name(c)) {
+        if (!cpu_kernel_available(c))
+          throw Error("SLM_NVFP4_CPU_KERNEL=" + name + ": that NVFP4 kernel does not run on this CPU");
+        return c;
+      }
+    if (name != "auto") throw Error("SLM_NVFP4_CPU_KERNEL=" + name + ": expected auto, portable, avx2 or avx512-bf16");
+    return CpuKernel::Auto;
+  }();
+  return k;
+}
+
+CpuKernel pick_kernel() {
+  CpuKernel want = g_kernel.load(std::memory_order_relaxed);
+  if (want == CpuKernel::Auto) want = env_kernel();
+  if (want != CpuKernel::Auto) return want;
+  if (cpu_kernel_available(CpuKernel::Avx512Bf16)) return CpuKernel::Avx512Bf16;
+  if (cpu_kernel_available(CpuKernel::Avx2)) return CpuKernel::Avx2;
+  return CpuKernel::Portable;
+}
+
+template <int MC>
+void rows(const Args& a, int64_t m0, int64_t n0, int64_t n1, CpuKernel k) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (k == CpuKernel::Avx2) return rows_avx2<MC>(a, m0, n0, n1);
+#endif
+  (void)k;
   rows_default<MC>(a, m0, n0, n1);
 }
 
@@ -137,13 +269,39 @@ void check_weight(const QTensor& w, int64_t K, const char* where) {
     throw Error(std::string(where) + ": NVFP4 weight must be 2-D [N, K] (use matrix(i) for stacked tensors), got " +
                 std::to_string(w.shape.size()) + "-D");
   if (w.k() != K)
-    throw Error(std::string(where) + ": x has K = " + std::to_string(K) + " but the weight has K = " +
-                std::to_string(w.k()));
+    throw Error(std::string(where) + ": x has K = " + std::to_string(K) +
+                " but the weight has K = " + std::to_string(w.k()));
 }
 
 }  // namespace
 
-void cpu_kernel_use_simd(bool on) { g_use_simd.store(on); }
+bool cpu_kernel_available(CpuKernel k) {
+  switch (k) {
+    case CpuKernel::Auto:
+    case CpuKernel::Portable: return true;
+#if defined(__x86_64__) && defined(__GNUC__)
+    case CpuKernel::Avx2: return have_avx2();
+    case CpuKernel::Avx512Bf16: return have_avx512bf16();
+#endif
+    default: return false;
+  }
+}
+
+void set_cpu_kernel(CpuKernel k) {
+  if (!cpu_kernel_available(k))
+    throw Error(std::string("nvfp4: the ") + cpu_kernel_name(k) + " CPU kernel does not run on this CPU");
+  g_kernel.store(k);
+}
+
+const char* cpu_kernel_name(CpuKernel k) {
+  switch (k) {
+    case CpuKernel::Auto: return cpu_kernel_name(pick_kernel());
+    case CpuKernel::Portable: return "portable";
+    case CpuKernel::Avx2: return "avx2";
+    case CpuKernel::Avx512Bf16: return "avx512-bf16";
+  }
+  return "?";
+}
 
 torch::Tensor linear_cpu(const torch::Tensor& x_in, const QTensor& w) {
   if (x_in.dim() != 2) throw Error("nvfp4 linear_cpu: x must be [M, K]");
@@ -157,19 +315,58 @@ torch::Tensor linear_cpu(const torch::Tensor& x_in, const QTensor& w) {
   torch::Tensor x = x_in.to(torch::kFloat);
   if (kp != K) x = torch::constant_pad_nd(x, {0, kp - K}, 0.0);
   x = x.contiguous();
-  const Tables& t = tables();
-  Args a{x.data_ptr<float>(),  w.codes.data_ptr<uint8_t>(), w.scales.data_ptr<uint8_t>(),
-         w.tensor_scale.item<float>(), y.data_ptr<float>(), M, N, kp, w.blocks_per_row(), t.pair.data(),
-         t.e4m3.data()};
+  const float s_dec = w.tensor_scale.item<float>();
   // About 64 KiB of weights per task keeps scheduling cheap and the split even.
-  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(kp / 2 + a.blocks, 1));
+  const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(kp / 2 + w.blocks_per_row(), 1));
+  const CpuKernel kernel = pick_kernel();
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (kernel == CpuKernel::Avx512Bf16) {
+    const int64_t blocks = w.blocks_per_row(), kc = (blocks + 1) / 2 * 32;
+    torch::Tensor xb = torch::empty({M, kc}, torch::kInt16);
+    auto* xbits = reinterpret_cast<uint16_t*>(xb.data_ptr<int16_t>());
+    to_bf16_rows(x.data_ptr<float>(), M, kp, xbits, kc);
+    // The kernel's scales are the E4M3 values times 2^-8 (their FP16 reading): 2^8 goes into s_dec.
+    Bf16Args a{xbits,
+               w.codes.data_ptr<uint8_t>(),
+               w.scales.data_ptr<uint8_t>(),
+               s_dec * 256.0f,
+               y.data_ptr<float>(),
+               M,
+               N,
+               blocks,
+               kc};
+    at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+      int64_t m = 0;
+      for (; m + 4 <= M; m += 4) rows_avx512bf16<4>(a, m, n0, n1);
+      switch (M - m) {
+        case 3: rows_avx512bf16<3>(a, m, n0, n1); break;
+        case 2: rows_avx512bf16<2>(a, m, n0, n1); break;
+        case 1: rows_avx512bf16<1>(a, m, n0, n1); break;
+        default: break;
+      }
+    });
+    return y;
+  }
+#endif
+  const Tables& t = tables();
+  Args a{x.data_ptr<float>(),
+         w.codes.data_ptr<uint8_t>(),
+         w.scales.data_ptr<uint8_t>(),
+         s_dec,
+         y.data_ptr<float>(),
+         M,
+         N,
+         kp,
+         w.blocks_per_row(),
+         t.pair.data(),
+         t.e4m3.data()};
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     int64_t m = 0;
-    for (; m + 4 <= M; m += 4) rows<4>(a, m, n0, n1);
+    for (; m + 4 <= M; m += 4) rows<4>(a, m, n0, n1, kernel);
     switch (M - m) {
-      case 3: rows<3>(a, m, n0, n1); break;
-      case 2: rows<2>(a, m, n0, n1); break;
-      case 1: rows<1>(a, m, n0, n1); break;
+      case 3: rows<3>(a, m, n0, n1, kernel); break;
+      case 2: rows<2>(a, m, n0, n1, kernel); break;
+      case 1: rows<1>(a, m, n0, n1, kernel); break;
       default: break;
     }
   });
@@ -218,7 +415,8 @@ torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
 #else
   if (x_in.dim() != 2) throw Error("nvfp4 linear_cuda: x must be [M, K]");
   const int64_t M = x_in.size(0), K = x_in.size(1);
-  if (w.shape.size() != 2 || w.k() != K) throw Error("nvfp4 linear_cuda: weight must be 2-D [N, K] with K = " + std::to_string(K));
+  if (w.shape.size() != 2 || w.k() != K)
+    throw Error("nvfp4 linear_cuda: weight must be 2-D [N, K] with K = " + std::to_string(K));
   validate(w, "nvfp4 linear_cuda weight", false);
   if (!x_in.is_cuda() || !w.codes.is_cuda() || x_in.device() != w.codes.device())
     throw Error("nvfp4 linear_cuda: x and the weight must be on the same CUDA device");
@@ -242,9 +440,10 @@ torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
 #ifdef SLM_HAVE_C10_CUDA
   stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
 #endif
-  std::string err = cuda::gemv(codes.data_ptr<uint8_t>(), w.scales.data_ptr<uint8_t>(), w.tensor_scale.data_ptr<float>(),
-                               x.data_ptr(), y.data_ptr<float>(), M, N, w.blocks_per_row(), stream,
-                               /*pdl=*/!copied);  // loaded weights are read-only; a fresh copy is not
+  std::string err =
+      cuda::gemv(codes.data_ptr<uint8_t>(), w.scales.data_ptr<uint8_t>(), w.tensor_scale.data_ptr<float>(),
+                 x.data_ptr(), y.data_ptr<float>(), M, N, w.blocks_per_row(), stream,
+                 /*pdl=*/!copied);  // loaded weights are read-only; a fresh copy is not
   if (!err.empty()) throw Error("nvfp4 linear_cuda: " + err);
   return y;
 #endif

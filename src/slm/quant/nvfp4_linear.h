@@ -1,7 +1,8 @@
 #pragma once
 // The quantized linear layer: y = x · W^T with W in NVFP4, dequantized on the fly inside the dot products.
-//   CPU:  x float32/bfloat16/float16, computed in FP32; rows of W split across threads (at::parallel_for); the
-//         inner loop is a 16-wide block product (AVX2 build of the kernel picked at run time when available).
+//   CPU:  x float32/bfloat16/float16; rows of W split across threads (at::parallel_for). The kernel is picked at run
+//         time: with AVX-512 BF16 x is rounded to BF16 (as on the GPU) and 32-element BF16 dot products accumulate in
+//         FP32; else x stays FP32 in 16-wide FMA block products (AVX2, or portable C++).
 //   CUDA: (built with SLM_CUDA=ON) BF16 activations, FP32 accumulation: the weight-only GEMV for up to 16 rows
 //         (decode), else W decoded to BF16 and a cuBLAS GEMM (prefill, evaluation).
 // Both return FP32 [..., N] for x [..., K] (the caller casts).
@@ -19,7 +20,11 @@ torch::Tensor linear_cpu(const torch::Tensor& x2, const QTensor& w);
 // Throws slm::Error when the build has no CUDA kernels.
 torch::Tensor linear_cuda(const torch::Tensor& x2, const QTensor& w);
 bool cuda_kernels_built();
-// Tests/benchmarks: false forces the portable CPU kernel even where the AVX2 one would run (default true).
-void cpu_kernel_use_simd(bool on);
+// The CPU kernels. Auto (the default) takes SLM_NVFP4_CPU_KERNEL's choice when that is set (portable, avx2,
+// avx512-bf16), else the fastest this CPU runs; tests and benchmarks force one with set_cpu_kernel.
+enum class CpuKernel { Auto, Portable, Avx2, Avx512Bf16 };
+bool cpu_kernel_available(CpuKernel k);
+void set_cpu_kernel(CpuKernel k);          // slm::Error when k does not run on this CPU
+const char* cpu_kernel_name(CpuKernel k);  // Auto: the name of the kernel it picks
 
 }  // namespace slm::nvfp4

@@ -2,7 +2,9 @@
 // Checkpoint quantization (`slm quantize`). What goes to NVFP4 is what the recipe's accounting marks quantizable
 // (ParamSpec::quantized(): linear projections of every family, shared and routed experts, MTP projections, Engram
 // tables), the same rule nvfp4_bytes() sizes and the model's NVFP4 loader accepts; embeddings, the LM head, norms,
-// router gates, DSA indexer and mHC mixing weights, convolutions, vectors and buffers stay dense, in BF16.
+// router gates, DSA indexer and mHC mixing weights, convolutions, vectors and buffers stay dense, in BF16. The LM
+// head is quantized only when asked (quantize_head): it is the largest single read of a small model's decode step
+// (bench/RESULTS.md, "The NVFP4 LM head"), and the model runs it through the same NVFP4 linear.
 #include <torch/torch.h>
 
 #include <map>
@@ -21,7 +23,7 @@ struct TensorPlan {
 
 // The decision for one tensor the recipe declares; keep_patterns are glob patterns (fnmatch) on the full name
 // that force BF16.
-TensorPlan plan_tensor(const ParamSpec& spec, const std::vector<std::string>& keep_patterns);
+TensorPlan plan_tensor(const ParamSpec& spec, const std::vector<std::string>& keep_patterns, bool quantize_head = false);
 
 struct FamilyStats {
   int64_t tensors = 0;
@@ -44,6 +46,6 @@ struct QuantizeReport {
 // tensor the recipe declares must be there with its shape (else slm::Error naming the file and the tensor); other
 // tensors (the MoE balancing-bias buffers) stay dense; tensors already in NVFP4 pass through.
 QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, const Recipe& recipe,
-                                   const std::vector<std::string>& keep_patterns);
+                                   const std::vector<std::string>& keep_patterns, bool quantize_head = false);
 
 }  // namespace slm::nvfp4

@@ -10,6 +10,7 @@
 
 #include "slm/io/safetensors.h"
 #include "slm/model/hybrid_lm.h"
+#include "slm/ops/rms_norm.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
 
@@ -68,7 +69,7 @@ StreamNormImpl::StreamNormImpl(int64_t streams, int64_t dim, double eps_, const 
 }
 
 torch::Tensor StreamNormImpl::forward(const torch::Tensor& x) {
-  return at::rms_norm(x, {x.size(-1)}, {}, eps) * weight;
+  return ops::rms_norm(x, std::nullopt, eps) * weight;
 }
 
 EngramImpl::EngramImpl(const Recipe& r, int layer, int streams_, const std::vector<long long>& table_primes,

@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "slm/ops/rms_norm.h"
 #include "slm/util/error.h"
 
 namespace slm::model {
@@ -19,7 +20,7 @@ double logit(double p) {
 
 torch::Tensor normalized_flat(const torch::Tensor& streams, double eps) {
   auto flat = streams.flatten(-2);
-  return at::rms_norm(flat, {flat.size(-1)}, {}, eps);
+  return ops::rms_norm(flat, std::nullopt, eps);
 }
 
 torch::Tensor blend_with(const torch::Tensor& learned, const torch::Tensor& plain, double beta) {

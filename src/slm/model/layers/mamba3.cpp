@@ -75,7 +75,7 @@ std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tens
     auto o = ops::mamba3_gate(y, z, mimo_z, mimo_o, out_norm ? out_norm->weight : torch::Tensor(), kMamba3NormEps);
     return out_proj(o.to(h.scalar_type()));
   };
-  // A decode token on the GPU: one kernel from the projection row to the state and y.
+  // A decode token: one kernel (GPU) or loop (CPU) from the projection row to the state and y.
   // (Inference only: the kernel has no backward.)
   if (const auto row = proj.view({b, -1});
       t == 1 && !start.defined() && !proj.requires_grad() && ops::mamba3_step_fusable(row, w, state)) {
