@@ -11,10 +11,10 @@
 #include <set>
 
 #include "model_test_util.h"
+#include "quant/nvfp4_fp32_kernel.h"
 #include "slm/io/safetensors.h"
 #include "slm/model/weights.h"
 #include "slm/quant/nvfp4.h"
-#include "slm/quant/nvfp4_linear.h"
 #include "slm/quant/nvfp4_store.h"
 #include "slm/quant/quantize_checkpoint.h"
 #include "slm/recipe/accounting.h"
@@ -38,17 +38,6 @@ std::set<std::string> quantizable_names(const Recipe& r, bool head = false) {
     if (p.quantized() || (head && p.kind == ParamKind::Head)) out.insert(p.name);
   return out;
 }
-
-// The equality tests below check the wiring (which weight runs where) to FP32 summation-order error, so they run
-// an NVFP4 kernel that keeps x in FP32; the BF16-activation kernel is checked against its own reference in
-// tests/quant/test_nvfp4_linear.cpp and, at the model level, to BF16 tolerance.
-nvfp4::CpuKernel fp32_kernel() {
-  return nvfp4::cpu_kernel_available(nvfp4::CpuKernel::Avx2) ? nvfp4::CpuKernel::Avx2 : nvfp4::CpuKernel::Portable;
-}
-struct Fp32Kernel {
-  Fp32Kernel() { nvfp4::set_cpu_kernel(fp32_kernel()); }
-  ~Fp32Kernel() { nvfp4::set_cpu_kernel(nvfp4::CpuKernel::Auto); }
-};
 
 // A random tiny-hybrid model saved dense (fp32) and quantized by the checkpoint quantizer.
 struct Checkpoints {
@@ -127,7 +116,7 @@ TEST(Nvfp4Model, EveryQuantizableWeightRunsInNvfp4WithoutADenseCopy) {
 
 TEST(Nvfp4Model, ForwardAndCachedDecodeEqualTheDequantizedDenseModel) {
   single_threaded();
-  Fp32Kernel exact;
+  Fp32Nvfp4Kernel exact;
   auto q = load(checkpoints().nvfp4);
   auto ref = dequantized_reference();
   auto full = load(checkpoints().dense);
@@ -149,7 +138,7 @@ TEST(Nvfp4Model, ForwardAndCachedDecodeEqualTheDequantizedDenseModel) {
     std::cout << "[nvfp4 " << nvfp4::cpu_kernel_name(nvfp4::CpuKernel::Auto) << " kernel vs dequantized reference] "
               << "rel L2 " << auto_l2 << ", max abs / max |logit| " << rel_max_diff(la, lr) << "\n";
     EXPECT_LT(auto_l2, 0.05);
-    nvfp4::set_cpu_kernel(fp32_kernel());
+    nvfp4::set_cpu_kernel(fp32_nvfp4_kernel());
   }
 
   auto sq = q->new_state(2, total), sr = ref->new_state(2, total);
@@ -194,7 +183,7 @@ TEST(Nvfp4Model, GenerateRunsTheNvfp4Checkpoint) {
                    " --prompt 'template <typename T>' --max-tokens 12 --temperature 0");
   };
   // Greedy equality needs the same arithmetic: the FP32-activation kernel in the child process too.
-  setenv("SLM_NVFP4_CPU_KERNEL", nvfp4::cpu_kernel_name(fp32_kernel()), 1);
+  setenv("SLM_NVFP4_CPU_KERNEL", nvfp4::cpu_kernel_name(fp32_nvfp4_kernel()), 1);
   CliResult g = generate(q_cli), r = generate(ref_path);
   unsetenv("SLM_NVFP4_CPU_KERNEL");
   ASSERT_EQ(g.code, 0) << g.out;
@@ -215,7 +204,7 @@ TEST(Nvfp4Model, GenerateRunsTheNvfp4Checkpoint) {
 // head dequantized too.
 TEST(Nvfp4Model, TheLmHeadCanRunInNvfp4) {
   single_threaded();
-  Fp32Kernel exact;
+  Fp32Nvfp4Kernel exact;
   auto q = load(checkpoints().nvfp4_head);
   const auto used = model::nvfp4_weights(*q);
   const auto want = quantizable_names(q->recipe(), /*head=*/true);
