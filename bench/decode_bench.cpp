@@ -156,13 +156,13 @@ Timing run_decode(slm::model::HybridLM& m, const Options& o, const torch::Device
   auto prompt = torch::randint(m.recipe().vocab_size, {o.batch, o.prompt}, torch::kLong).to(device);
   {  // the first prefill pays one-off costs (allocator, kernel selection, tables)
     auto warm = m.new_state(o.batch, capacity);
-    m.prefill(prompt, warm);
+    m.prefill_last(prompt, warm);
   }
   auto state = m.new_state(o.batch, capacity);
   Timing t;
   sync(device);
   double t0 = now_ms();
-  auto logits = m.prefill(prompt, state).select(1, o.prompt - 1);
+  auto logits = m.prefill_last(prompt, state);
   sync(device);
   t.prefill_ms = now_ms() - t0;
   std::unique_ptr<slm::engine::GraphDecoder> graph;
@@ -181,7 +181,7 @@ Timing run_decode(slm::model::HybridLM& m, const Options& o, const torch::Device
   if (o.profile) {
     // Room for the profiled steps: a fresh state, prefilled like the timed one.
     auto more = m.new_state(o.batch, o.prompt + 2 * o.steps);
-    auto next = m.prefill(prompt, more).select(1, o.prompt - 1).argmax(-1);
+    auto next = m.prefill_last(prompt, more).argmax(-1);
     if (o.graph) graph = std::make_unique<slm::engine::GraphDecoder>(m, more);
     auto step = [&](const torch::Tensor& token) { return graph ? graph->step(token) : m.decode(token, more); };
     for (const bool gpu : {true, false}) {

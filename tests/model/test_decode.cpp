@@ -1,4 +1,5 @@
-// Inference: prefill + token-by-token decode reproduce the full forward; rollback; capacity; MTP drafts.
+// Inference: prefill (all logits or the last) + token-by-token decode reproduce the full forward; rollback; capacity;
+// MTP drafts.
 #include "model_test_util.h"
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
@@ -50,6 +51,24 @@ TEST(Decode, ChunkedPrefillMatchesFullForward) {
     EXPECT_LT(max_abs_diff(logits, full.narrow(1, at, chunk)), 1e-4) << "chunk at " << at;
     at += chunk;
   }
+}
+
+// prefill_last: the last token's logits of the same forward, the same state afterwards (the next decode agrees).
+TEST(Decode, PrefillLastReturnsTheLastTokensLogitsAndTheSameState) {
+  single_threaded();
+  auto m = random_tiny(23);
+  torch::NoGradGuard no_grad;
+  auto tokens = random_tokens(2, 30, 384, 11);
+  auto full = m->forward(tokens).logits;
+  auto a = m->new_state(2, 30), b = m->new_state(2, 30);
+  auto all = m->prefill(tokens.narrow(1, 0, 29), a);
+  auto last = m->prefill_last(tokens.narrow(1, 0, 29), b);
+  ASSERT_EQ(last.sizes(), (std::vector<int64_t>{2, m->recipe().vocab_size}));
+  EXPECT_LT(max_abs_diff(last, full.select(1, 28)), 1e-4);
+  EXPECT_LT(max_abs_diff(last, all.select(1, 28)), 1e-5);
+  EXPECT_EQ(b.length, 29);
+  EXPECT_LT(max_abs_diff(m->decode(tokens.select(1, 29), b), full.select(1, 29)), 1e-4);
+  EXPECT_THROW(m->prefill_last(torch::zeros({2, 0}, torch::kLong), b), Error);
 }
 
 TEST(Decode, RollbackDropsTokensInPlace) {

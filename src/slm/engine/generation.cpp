@@ -93,7 +93,7 @@ std::vector<int64_t> generate_mixture(const std::vector<MixtureMember>& members,
   timing.graph = true;
   for (const auto& m : members) {
     auto& r = runners.emplace_back(Runner{m.model, m.weight / total_weight, m.model->new_state(1, n + o.max_tokens), {}});
-    logits.push_back(r.model->prefill(ids.to(r.model->embed->weight.device()), r.state).select(1, n - 1));
+    logits.push_back(r.model->prefill_last(ids.to(r.model->embed->weight.device()), r.state));
     if (o.cuda_graph && o.max_tokens > 1 && graph_decode_blocker(*r.model, r.state).empty())
       r.graph = std::make_unique<GraphDecoder>(*r.model, r.state);
     timing.graph = timing.graph && r.graph != nullptr;

@@ -203,7 +203,7 @@ DecodeState HybridLM::new_state(int64_t batch, int64_t capacity, int64_t max_rol
   return s;
 }
 
-torch::Tensor HybridLM::run_cached(const torch::Tensor& tokens, DecodeState& state, bool step) {
+torch::Tensor HybridLM::run_cached(const torch::Tensor& tokens, DecodeState& state, bool step, bool last_only) {
   torch::NoGradGuard no_grad;
   if (tokens.size(0) != state.batch())
     throw Error("prefill/decode: batch " + std::to_string(tokens.size(0)) + " does not match the state's batch " +
@@ -237,11 +237,16 @@ torch::Tensor HybridLM::run_cached(const torch::Tensor& tokens, DecodeState& sta
   };
   auto x = trunk(x0, block, engram);
   state.push(tokens, x);
-  return head(final_norm(x));
+  return head(final_norm(last_only ? x.narrow(1, x.size(1) - 1, 1) : x));
 }
 
 torch::Tensor HybridLM::prefill(const torch::Tensor& tokens, DecodeState& state) {
   return run_cached(tokens, state, false);
+}
+
+torch::Tensor HybridLM::prefill_last(const torch::Tensor& tokens, DecodeState& state) {
+  if (tokens.dim() != 2 || tokens.size(1) < 1) throw Error("prefill_last: expected tokens [batch, T] with T >= 1");
+  return run_cached(tokens, state, false, /*last_only=*/true).squeeze(1);
 }
 
 torch::Tensor HybridLM::decode(const torch::Tensor& token, DecodeState& state) {

@@ -75,6 +75,9 @@ class HybridLM : public torch::nn::Module {
   DecodeState new_state(int64_t batch, int64_t capacity, int64_t max_rollback = 0) const;
   // Runs tokens [B, T] after what state holds (any number of chunks) and returns their logits [B, T, V].
   torch::Tensor prefill(const torch::Tensor& tokens, DecodeState& state);
+  // The same, returning only the last token's logits [B, V]: generation needs no others, and the LM head over every
+  // prompt token was most of a small model's prefill (a 32k-vocabulary head is a third of its weights).
+  torch::Tensor prefill_last(const torch::Tensor& tokens, DecodeState& state);
   // One token per sequence, token [B]; returns logits [B, V].
   torch::Tensor decode(const torch::Tensor& token, DecodeState& state);
   // Greedy draft tokens [B, mtp depth] from the MTP modules: next_token [B] is the token chosen after the
@@ -116,7 +119,7 @@ class HybridLM : public torch::nn::Module {
   torch::Tensor canonical(const torch::Tensor& tokens) const;
   torch::Tensor embed_tokens(const torch::Tensor& tokens);
   torch::Tensor head(const torch::Tensor& normed);
-  torch::Tensor run_cached(const torch::Tensor& tokens, DecodeState& state, bool step);
+  torch::Tensor run_cached(const torch::Tensor& tokens, DecodeState& state, bool step, bool last_only = false);
 
   Recipe recipe_;
   ModelPlan plan_;
