@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "slm/util/error.h"
 
@@ -173,7 +174,8 @@ template <int MC>
   const __m512i lut = _mm512_load_si512(lut_words);
   const int64_t chunks = (a.blocks + 1) / 2, full = a.blocks / 2;
   const int64_t sblocks = (a.blocks + 15) / 16 * 16;
-  float* sc = static_cast<float*>(__builtin_alloca(sizeof(float) * (sblocks + 16)));
+  std::vector<float> scales(static_cast<size_t>(sblocks));  // the row's decoded block scales (times 2^-8)
+  float* sc = scales.data();
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* crow = a.codes + n * a.blocks * 8;
     const uint8_t* srow = a.scales + n * a.blocks;
@@ -202,7 +204,7 @@ template <int MC>
   }
 }
 
-// x [M, K] (any float dtype) -> BF16 bits [M, kc], round to nearest even, zero-padded.
+// x FP32 [M, kp] -> BF16 bits [M, kc] (kc >= kp, whole chunks), round to nearest even, zero-padded.
 [[SLM_AVX512BF16]] void to_bf16_rows(const float* x, int64_t M, int64_t kp, uint16_t* out, int64_t kc) {
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * kp;
