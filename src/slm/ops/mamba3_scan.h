@@ -103,9 +103,10 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_fused(const Mamba3Projections& p,
 
 // One decode token of a SISO layer in one CUDA kernel (ops/cuda/mamba3_step_kernel.cu) or one CPU loop
 // (ops/mamba3_step_cpu.cpp), straight from the layer's in_proj output proj [B, width] laid out as Mamba3Impl splits
-// it (z, x, B, C, dd_dt, dd_a, trap, angles): the same function as mamba3_preprocess + mamba3_step on that row (y [B, 1, H, 1, P] in FP32, before the gate; the next
-// state in new tensors). mamba3_step_fusable says whether it applies: SISO, proj and the weights in one dtype (FP32
-// on the CPU; FP32 or BF16 on the GPU of a CUDA build) on one device, an FP32 state, at most d_state / 2 angles.
+// it (z, x, B, C, dd_dt, dd_a, trap, angles): the same function as mamba3_preprocess + mamba3_step on that row
+// (y [B, 1, H, 1, P] in FP32, before the gate; the next state in new tensors). mamba3_step_fusable says whether it
+// applies: SISO, proj and the weights in one dtype (FP32 on the CPU; FP32 or BF16 on the GPU of a CUDA build) on one
+// device, an FP32 state, at most d_state / 2 angles.
 struct Mamba3StepLayout {
   int64_t heads, headdim, groups, d_state, angles, d_inner;
 };
