@@ -51,7 +51,10 @@ void run_train(TrainCli& o, CLI::App* sub) {
   }
   if (o.nproc > 1) {
     if (std::getenv("WORLD_SIZE") != nullptr) throw Error("--nproc inside a launched worker (WORLD_SIZE is set)");
-    std::cerr << "starting " << o.nproc << " data-parallel workers\n";
+    std::cerr << "starting " << o.nproc << " data-parallel workers";
+    if (o.cfg.expert_parallel > 1)
+      std::cerr << " (routed experts spread over groups of " << o.cfg.expert_parallel << ")";
+    std::cerr << "\n";
     auto args = train::command_line_without_nproc();
     if (default_out) args.insert(args.end(), {"--out", o.cfg.out});  // one directory, chosen once for every worker
     if (const int code = train::launch_workers(o.nproc, args); code != 0) throw CLI::RuntimeError(code);
@@ -73,12 +76,16 @@ void run_train(TrainCli& o, CLI::App* sub) {
     if (given("--log-every")) ov["log_every"] = o.cfg.log_every;
     if (given("--max-minutes")) ov["max_minutes"] = o.cfg.max_minutes;
     if (given("--profile-steps")) ov["profile_steps"] = o.cfg.profile_steps;
+    if (given("--expert-parallel")) ov["expert_parallel"] = o.cfg.expert_parallel;
+    if (given("--recompute")) ov["recompute"] = o.cfg.recompute;
+    if (given("--bucket-elements")) ov["bucket_elements"] = o.cfg.bucket_elements;
     for (const char* f : {"--recipe", "--data", "--batch", "--seq-len", "--accum", "--seed", "--optim"})
       if (given(f))
         throw Error(std::string(f) + " cannot change on --resume (the checkpoint's value is used for an exact resume)");
     trainer = std::make_unique<train::Trainer>(train::Trainer::resume(o.resume, ov, std::cerr));
   } else {
-    if (o.cfg.recipe.empty() || o.cfg.data.empty()) throw Error("slm train needs --recipe and --data (or --resume DIR)");
+    if (o.cfg.recipe.empty() || o.cfg.data.empty())
+      throw Error("slm train needs --recipe and --data (or --resume DIR)");
     o.cfg.lr.kind = o.schedule == "cosine" ? train::LrSchedule::Kind::Cosine : train::LrSchedule::Kind::Wsd;
     for (const auto& m : o.mix) {
       auto [k, v] = key_value(m, "--mix");
@@ -115,7 +122,8 @@ void add_train_command(CLI::App& app) {
                 "run directory: checkpoints, metrics.jsonl, config.json (default: out/runs/<recipe file name>, "
                 "with -2, -3, ... when taken)");
   t->add_option("--resume", o->resume, "continue the run in this directory from its latest checkpoint");
-  t->add_option("--tokenizer", c.tokenizer, "tokenizer .model for bits per byte (default: the one the shards name, under tokenizer/; none: skip)");
+  t->add_option("--tokenizer", c.tokenizer,
+                "tokenizer .model for bits per byte (default: the one the shards name, under tokenizer/; none: skip)");
   t->add_option("--domains", c.domains, "train on these domains only (default: every domain directory)")
       ->delimiter(',');
   t->add_option("--mix", o->mix, "sampling weight of a domain, e.g. --mix cpp=3 --mix cmake=1 (default 1 each)");
@@ -129,7 +137,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::IsMember({"wsd", "cosine"}))
       ->capture_default_str();
   t->add_option("--warmup", c.lr.warmup_steps, "LR warmup steps")->capture_default_str();
-  t->add_option("--decay-fraction", c.lr.decay_fraction, "WSD: fraction of the steps that decay")->capture_default_str();
+  t->add_option("--decay-fraction", c.lr.decay_fraction, "WSD: fraction of the steps that decay")
+      ->capture_default_str();
   t->add_option("--final-lr-fraction", c.lr.final_fraction, "LR multiplier reached at the end")->capture_default_str();
   t->add_option("--optim", o->optim_overrides,
                 "optimizer setting key=value, e.g. --optim matrix_lr=0.01 (the group table printed at start lists "
@@ -159,6 +168,16 @@ void add_train_command(CLI::App& app) {
   t->add_option("--threads", o->threads, "CPU threads (0: torch's default)")->capture_default_str();
   t->add_option("--bucket-elements", c.bucket_elements,
                 "data-parallel gradient bucket size in float32 elements (communication overlaps the backward)")
+      ->capture_default_str();
+  t->add_flag("--recompute,!--no-recompute", c.recompute,
+              "activation checkpointing: the attention (without DSA), Mamba-3, M2RNN and dense MLP blocks keep only "
+              "their inputs and run again in the backward (about a third more compute, far less activation memory; "
+              "the results are the same)");
+  t->add_option("--expert-parallel", c.expert_parallel,
+                "spread each MoE layer's routed experts over groups of this many workers (expert parallelism: tokens "
+                "reach their experts by all-to-all); must divide --nproc and the recipe's routed experts. Checkpoints "
+                "hold whole expert tensors, so a run resumes under any --nproc and --expert-parallel")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   t->add_option("--nproc", o->nproc,
                 "data-parallel worker processes on this machine, one per GPU with --device cuda (NCCL) or CPU "

@@ -4,6 +4,7 @@
 
 #include "slm/model/layer_registry.h"
 #include "slm/model/layers/attention.h"
+#include "slm/model/recompute.h"
 #include "slm/ops/rms_norm.h"
 #include "slm/recipe/accounting.h"
 #include "slm/util/error.h"
@@ -107,9 +108,17 @@ ModelOutput HybridLM::forward(const torch::Tensor& tokens, const Documents* docs
     for (size_t l = 0; l < layers_.size(); ++l)
       if (engram_[l]) memory[l] = engram_[l]->lookup(engram_[l]->rows(ids, {}, pos));
   }
-  auto x = trunk(
-      x0, [&](size_t l, const torch::Tensor& h) { return layers_[l]->forward(h, docs); },
-      [&](size_t l, const torch::Tensor& s) { return engram_[l]->forward(s, memory[l], {}, pos).first; });
+  auto block = [&](size_t l, const torch::Tensor& h) {
+    const LayerPlan& p = plan_.layers[l];
+    const bool pure = p.letter == 'M' || p.letter == 'R' || p.letter == 'F' || (p.letter == 'A' && !p.dsa);
+    if (!recompute_ || !is_training() || !pure) return layers_[l]->forward(h, docs);
+    // The rerun happens in the backward, after this call returns: the layer and the documents are held by value.
+    std::shared_ptr<Layer> layer = layers_[l];
+    std::optional<Documents> d = docs ? std::optional<Documents>(*docs) : std::nullopt;
+    return recompute(h, [layer, d](const torch::Tensor& in) { return layer->forward(in, d ? &*d : nullptr); });
+  };
+  auto x = trunk(x0, block,
+                 [&](size_t l, const torch::Tensor& s) { return engram_[l]->forward(s, memory[l], {}, pos).first; });
   return {head(final_norm(x)), x};
 }
 
@@ -288,6 +297,22 @@ void HybridLM::update_balancing_biases() {
   for (auto* m : moe_modules()) m->update_bias();
 }
 
+void HybridLM::spread_experts(const std::shared_ptr<ExpertGroup>& group) {
+  const auto moes = moe_modules();
+  if (moes.empty()) throw Error(recipe_.source + ": expert parallelism needs MoE layers; the recipe has none");
+  for (auto* m : moes) m->spread_experts(group);
+}
+
+int HybridLM::expert_parallel() const {
+  for (auto* m : moe_modules())
+    if (m->expert_group()) return m->expert_group()->size();
+  return 1;
+}
+
+bool is_routed_expert(const std::string& param_name) {
+  return param_name.find(".moe.experts.") != std::string::npos;
+}
+
 void HybridLM::set_dsa_stage(DsaStage stage) {
   for (auto* i : dsa_indexers(layers_)) i->stage = stage;
 }
@@ -334,7 +359,7 @@ ModelSummary summarize(const HybridLM& model) {
   for (const auto& p : model.named_parameters()) {
     const std::string& name = p.key();
     const int64_t n = p.value().numel();
-    const bool routed = name.find(".moe.experts.") != std::string::npos;
+    const bool routed = is_routed_expert(name);
     const int64_t active = routed ? n / moe->routed_experts * moe->experts_per_token : n;
     s.bytes += n * static_cast<int64_t>(p.value().element_size());
     if (name.size() > 13 && name.compare(name.size() - 13, 13, ".engram.table") == 0) {

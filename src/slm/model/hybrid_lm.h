@@ -45,6 +45,9 @@ struct LossOutput {
 // Targets equal to this id are left out of every loss (padding).
 constexpr int64_t kIgnoreIndex = -1;
 
+// Whether a parameter name is a stacked routed-expert tensor ([experts, out, in]; spread by expert parallelism).
+bool is_routed_expert(const std::string& param_name);
+
 class HybridLM : public torch::nn::Module {
  public:
   // Throws slm::Error, before allocating anything, when the recipe uses letters or features that have no
@@ -89,6 +92,15 @@ class HybridLM : public torch::nn::Module {
   std::vector<MoEImpl*> moe_modules() const;
   // The aux-loss-free balancing step of every MoE layer; call after each optimizer step.
   void update_balancing_biases();
+  // Expert parallelism (training, train/distributed.h): every MoE layer keeps its share of the routed experts
+  // (MoEImpl::spread_experts) and exchanges tokens through group. Call before an optimizer takes the parameters.
+  void spread_experts(const std::shared_ptr<ExpertGroup>& group);
+  // The ranks the routed experts are spread over (1: all experts here).
+  int expert_parallel() const;
+  // Activation checkpointing in training (recompute.h): the main stack's attention (without DSA), Mamba-3, M2RNN
+  // and dense MLP blocks keep only their inputs and run again in the backward. MoE and DSA layers, whose forwards
+  // record balance statistics, auxiliary losses or the indexers' KL loss, run as usual.
+  void set_recompute(bool on) { recompute_ = on; }
 
   // The DSA indexer training stage of every DSA layer (Sparse when built): the trainer runs Warmup first with
   // only indexer_parameters() trainable.
@@ -123,6 +135,7 @@ class HybridLM : public torch::nn::Module {
 
   Recipe recipe_;
   ModelPlan plan_;
+  bool recompute_ = false;
   torch::nn::ModuleList layer_list_{nullptr};
   std::vector<std::shared_ptr<Layer>> layers_;
   std::vector<Engram> engram_;  // by layer, null where absent

@@ -5,6 +5,7 @@
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
 #endif
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 #ifdef SLM_WITH_CUDA
@@ -19,6 +20,7 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <set>
 
 #include "slm/train/muon.h"
@@ -61,6 +63,29 @@ torch::Tensor matrix_view(const torch::Tensor& t, int64_t index, int64_t numel) 
   return t.reshape({-1, numel})[index];
 }
 
+// The expert group as model::parallel_experts sees it: all-to-all over one c10d group.
+class C10dExpertGroup : public model::ExpertGroup {
+ public:
+  C10dExpertGroup(c10::intrusive_ptr<c10d::Backend> pg, int rank, int size)
+      : pg_(std::move(pg)), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  torch::Tensor exchange(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
+                         const std::vector<int64_t>& recv_rows) override {
+    at::Tensor in = x.contiguous();
+    std::vector<int64_t> shape = in.sizes().vec();
+    shape[0] = std::accumulate(recv_rows.begin(), recv_rows.end(), int64_t{0});
+    at::Tensor out = torch::empty(shape, in.options());
+    std::vector<int64_t> send = send_rows, recv = recv_rows;  // c10d takes them by non-const reference
+    pg_->alltoall_base(out, in, recv, send)->wait();
+    return out;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Backend> pg_;
+  int rank_, size_;
+};
+
 }  // namespace
 
 DistEnv DistEnv::from_environment() {
@@ -81,6 +106,11 @@ DistEnv DistEnv::from_environment() {
 struct DataParallel::Impl {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::Backend> pg;
+  // Expert parallelism: this rank's expert group and replica group (null when that group would be one rank).
+  c10::intrusive_ptr<c10d::Backend> experts_pg, replicas_pg;
+  std::shared_ptr<C10dExpertGroup> expert_group;
+  std::vector<size_t> spread;  // optimizer indices of the routed expert tensors, when spread
+  std::vector<char> is_spread;
   Optimizer* opt = nullptr;
   torch::Device device{torch::kCPU};
   int rank = 0, world = 1;
@@ -162,11 +192,13 @@ struct DataParallel::Impl {
   }
 };
 
-DataParallel::DataParallel(const DistEnv& env, torch::Device device, Optimizer& optimizer, int64_t bucket_elements)
-    : impl_(std::make_unique<Impl>()), rank_(env.rank), world_(env.world_size) {
+DataParallel::DataParallel(const DistEnv& env, torch::Device device, int expert_parallel)
+    : impl_(std::make_unique<Impl>()), rank_(env.rank), world_(env.world_size), expert_parallel_(expert_parallel) {
   if (world_ < 2) throw Error("data-parallel training needs WORLD_SIZE >= 2");
+  if (expert_parallel < 1 || world_ % expert_parallel != 0)
+    throw Error("--expert-parallel " + std::to_string(expert_parallel) + " must divide the " + std::to_string(world_) +
+                " workers");
   auto& s = *impl_;
-  s.opt = &optimizer;
   s.device = device;
   s.rank = rank_;
   s.world = world_;
@@ -179,14 +211,18 @@ DataParallel::DataParallel(const DistEnv& env, torch::Device device, Optimizer& 
   so.timeout = std::chrono::seconds(300);
   try {
     s.store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, so);
-    if (device.is_cuda()) {
+    // A process group over `size` ranks of the store's namespace `prefix` ("" for the world), as `rank` of them.
+    auto make_group = [&](const std::string& prefix, int rank, int size) -> c10::intrusive_ptr<c10d::Backend> {
+      c10::intrusive_ptr<c10d::Store> store = s.store;
+      if (!prefix.empty()) store = c10::make_intrusive<c10d::PrefixStore>(prefix, s.store);
+      if (device.is_cuda()) {
 #ifdef SLM_WITH_CUDA
-      s.pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(s.store, rank_, world_,
-                                                         c10d::ProcessGroupNCCL::Options::create());
+        return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size,
+                                                           c10d::ProcessGroupNCCL::Options::create());
 #else
-      throw Error("this build has no CUDA (configure with SLM_CUDA=ON for NCCL)");
+        throw Error("this build has no CUDA (configure with SLM_CUDA=ON for NCCL)");
 #endif
-    } else {
+      }
       auto opts = c10d::ProcessGroupGloo::Options::create();
       const char* ifname = std::getenv("GLOO_SOCKET_IFNAME");
       const bool local = env.master_addr == "127.0.0.1" || env.master_addr == "localhost";
@@ -194,16 +230,41 @@ DataParallel::DataParallel(const DistEnv& env, torch::Device device, Optimizer& 
                                   ? c10d::ProcessGroupGloo::createDeviceForInterface(ifname)
                               : local ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
                                       : c10d::ProcessGroupGloo::createDefaultDevice());
-      s.pg = c10::make_intrusive<c10d::ProcessGroupGloo>(s.store, rank_, world_, opts);
+      return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
+    };
+    s.pg = make_group("", rank_, world_);
+    if (expert_parallel > 1) {
+      const int q = rank_ % expert_parallel, g = rank_ / expert_parallel, replicas = world_ / expert_parallel;
+      s.experts_pg = make_group("experts/" + std::to_string(g) + "/", q, expert_parallel);
+      if (replicas > 1) s.replicas_pg = make_group("replicas/" + std::to_string(q) + "/", g, replicas);
+      s.expert_group = std::make_shared<C10dExpertGroup>(s.experts_pg, q, expert_parallel);
     }
   } catch (const c10::Error& e) {
     throw Error("rendezvous at " + env.master_addr + ":" + std::to_string(env.master_port) + " as rank " +
                 std::to_string(rank_) + " of " + std::to_string(world_) + " failed: " + e.what_without_backtrace());
   }
+}
+
+std::shared_ptr<model::ExpertGroup> DataParallel::expert_group() const {
+  return impl_->expert_group;
+}
+
+void DataParallel::attach(Optimizer& optimizer, int64_t bucket_elements) {
+  auto& s = *impl_;
+  if (s.opt != nullptr) throw Error("DataParallel::attach: attached already");
+  s.opt = &optimizer;
+  const torch::Device device = s.device;
+  const size_t n = optimizer.num_params();
+  s.is_spread.assign(n, 0);
+  if (s.expert_group)
+    for (size_t i = 0; i < n; ++i)
+      if (model::is_routed_expert(optimizer.param_name(i))) {
+        s.spread.push_back(i);
+        s.is_spread[i] = 1;
+      }
 
   // Buckets: walk the parameters backwards in segments of about bucket_elements; each segment gives one Muon and
   // one AdamW bucket, so no bucket waits for gradients from far away in the backward.
-  const size_t n = optimizer.num_params();
   std::map<size_t, size_t> first_matrix;  // parameter -> index of its first matrix in muon_matrices()
   const auto& mats = optimizer.muon_matrices();
   for (size_t k = mats.size(); k-- > 0;) first_matrix[mats[k].param] = k;
@@ -247,7 +308,10 @@ DataParallel::DataParallel(const DistEnv& env, torch::Device device, Optimizer& 
     seg_adam.clear();
     seg_elements = 0;
   };
+  for (size_t k = 0; k < mats.size(); ++k)  // each rank orthogonalises its own experts' matrices
+    if (s.is_spread[mats[k].param]) shard_.owners[k] = rank_;
   for (size_t i = n; i-- > 0;) {
+    if (s.is_spread[i]) continue;  // reduced over the replica group in finish()
     (optimizer.param_algorithm(i) == Algorithm::Muon ? seg_muon : seg_adam).push_back(i);
     seg_elements += optimizer.param(i).numel();
     if (seg_elements >= bucket_elements) close_segment();
@@ -262,19 +326,23 @@ DataParallel::DataParallel(const DistEnv& env, torch::Device device, Optimizer& 
   }
   s.got.assign(n, 0);
   Impl* self = impl_.get();
+  s.hooks.assign(n, 0);
   for (size_t i = 0; i < n; ++i) {
+    if (s.is_spread[i]) continue;
     torch::Tensor p = optimizer.param(i);
-    s.hooks.push_back(p.register_hook([self, i](const torch::Tensor& g) { self->on_grad(i, g); }));
+    s.hooks[i] = p.register_hook([self, i](const torch::Tensor& g) { self->on_grad(i, g); });
   }
 }
 
 DataParallel::~DataParallel() {
   if (!impl_) return;
   for (size_t i = 0; i < impl_->hooks.size(); ++i) {
+    if (impl_->is_spread[i]) continue;  // no hook
     torch::Tensor p = impl_->opt->param(i);
     p.remove_hook(impl_->hooks[i]);
   }
-  if (impl_->pg) impl_->pg->shutdown();
+  for (auto* pg : {&impl_->pg, &impl_->experts_pg, &impl_->replicas_pg})
+    if (*pg) (*pg)->shutdown();
 }
 
 void DataParallel::broadcast(const std::vector<torch::Tensor>& tensors) {
@@ -288,6 +356,28 @@ void DataParallel::broadcast(const std::vector<torch::Tensor>& tensors) {
   }
   for (auto& w : works) w->wait();
   for (auto& [dst, src] : staged) dst.copy_(src);
+}
+
+void DataParallel::broadcast_replicas(const std::vector<torch::Tensor>& tensors) {
+  if (!impl_->replicas_pg) return;
+  torch::NoGradGuard no_grad;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works;
+  for (const auto& t : tensors) {
+    std::vector<at::Tensor> v{t};
+    works.push_back(impl_->replicas_pg->broadcast(v));
+  }
+  for (auto& w : works) w->wait();
+}
+
+torch::Tensor DataParallel::gather_experts(const torch::Tensor& share) {
+  if (!impl_->experts_pg) return share;
+  torch::NoGradGuard no_grad;
+  at::Tensor in = share.contiguous();
+  std::vector<int64_t> shape = in.sizes().vec();
+  shape[0] *= expert_parallel_;
+  at::Tensor out = torch::empty(shape, in.options());
+  impl_->experts_pg->_allgather_base(out, in)->wait();
+  return out;
 }
 
 void DataParallel::arm() {
@@ -315,7 +405,7 @@ DataParallel::Reduced DataParallel::finish(double local_loss, const std::vector<
     a[static_cast<int64_t>(n)] = local_loss;
     // Parameters whose hook did not fire (no gradient in this backward) still take part, with what they have.
     for (size_t i = 0; i < n; ++i)
-      if (!s.got[i]) {
+      if (!s.got[i] && !s.is_spread[i]) {
         s.pack(i, torch::Tensor());
         s.got[i] = 1;
         --s.buckets[s.bucket_of[i]].pending;
@@ -371,7 +461,25 @@ DataParallel::Reduced DataParallel::finish(double local_loss, const std::vector<
     if (ts.empty()) return torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(s.device));
     return torch::stack(at::_foreach_norm(ts)).to(torch::kDouble).pow(2).sum();
   };
-  auto sq = at::stack({sum_sq(owned) + sum_sq(shared) * inv, sum_sq(shared_apart) * inv}) * (inv * inv);
+  // This rank's experts: the backward's exchanges brought every rank's gradient of them here, so their sum over
+  // the replica group is the sum over all ranks. Each expert lives on world/E ranks, hence E/world of its square.
+  std::vector<torch::Tensor> experts;
+  for (size_t i : s.spread) {
+    torch::Tensor p = s.opt->param(i);
+    if (a[static_cast<int64_t>(i)] == 0) {  // frozen everywhere (the DSA warm-up)
+      p.mutable_grad() = torch::Tensor();
+      continue;
+    }
+    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);  // no token reached these experts
+    if (s.replicas_pg) {
+      std::vector<at::Tensor> v{p.mutable_grad()};
+      s.replicas_pg->allreduce(v)->wait();
+    }
+    experts.push_back(p.grad());
+  }
+  auto expert_sq = sum_sq(experts) * (static_cast<double>(expert_parallel_) * inv);
+  if (!experts.empty()) at::_foreach_mul_(experts, inv);
+  auto sq = at::stack({sum_sq(owned) + sum_sq(shared) * inv + expert_sq, sum_sq(shared_apart) * inv}) * (inv * inv);
   {
     std::vector<at::Tensor> v{sq};
     s.pg->allreduce(v)->wait();

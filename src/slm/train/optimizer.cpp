@@ -205,9 +205,11 @@ Optimizer::Optimizer(slm::model::HybridLM& model, OptimizerConfig cfg) : cfg_(st
     if (it == specs.end())
       throw Error("optimizer: model parameter " + name + " is not in the recipe's parameter accounting");
     const ParamSpec& spec = *it->second;
-    if (value.sizes().vec() != std::vector<int64_t>(spec.shape.begin(), spec.shape.end()))
+    std::vector<int64_t> shape(spec.shape.begin(), spec.shape.end());
+    if (spec.kind == ParamKind::Expert) shape[0] /= model.expert_parallel();  // this rank's share of the experts
+    if (value.sizes().vec() != shape)
       throw Error("optimizer: parameter " + name + " has shape " + shape_text(value) + ", the recipe says " +
-                  shape_text(std::vector<int64_t>(spec.shape.begin(), spec.shape.end())));
+                  shape_text(shape));
     if (value.scalar_type() != torch::kFloat && value.scalar_type() != torch::kDouble)
       throw Error("optimizer: parameter " + name + " is " + std::string(c10::toString(value.scalar_type())) +
                   "; the optimizer keeps FP32 master weights (build the model in float32 or float64)");
@@ -271,9 +273,9 @@ void Optimizer::step(double lr_multiplier, const MuonShard& shard) {
   // Per Muon parameter, the matrix indices this rank owns.
   std::vector<std::vector<int64_t>> owned(params_.size());
   if (!shard.owners.empty() && shard.owners.size() != matrices_.size())
-    throw Error("optimizer: Muon shard names owners of " + std::to_string(shard.owners.size()) + " matrices, the model has " +
-                std::to_string(matrices_.size()));
-  const std::vector<int> owners = !shard.owners.empty() ? shard.owners
+    throw Error("optimizer: Muon shard names owners of " + std::to_string(shard.owners.size()) +
+                " matrices, the model has " + std::to_string(matrices_.size()));
+  const std::vector<int> owners = !shard.owners.empty()  ? shard.owners
                                   : shard.world_size > 1 ? assign_muon_owners(matrices_, shard.world_size)
                                                          : std::vector<int>(matrices_.size(), 0);
   for (size_t i = 0; i < matrices_.size(); ++i)

@@ -159,6 +159,8 @@ nlohmann::json TrainConfig::to_json() const {
           {"peak_tflops", peak_tflops},
           {"max_minutes", max_minutes},
           {"bucket_elements", bucket_elements},
+          {"expert_parallel", expert_parallel},
+          {"recompute", recompute},
           {"profile_steps", profile_steps},
           {"optim", optim.to_json()}};
 }
@@ -191,6 +193,8 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
     c.peak_tflops = j.at("peak_tflops").get<double>();
     c.max_minutes = j.at("max_minutes").get<double>();
     c.bucket_elements = j.value("bucket_elements", c.bucket_elements);
+    c.expert_parallel = j.value("expert_parallel", c.expert_parallel);
+    c.recompute = j.value("recompute", c.recompute);
     c.profile_steps = j.value("profile_steps", c.profile_steps);
     c.optim = OptimizerConfig::from_json(j.at("optim"));
   } catch (const nlohmann::json::exception& e) {
@@ -245,6 +249,7 @@ void validate(const TrainConfig& c) {
   if (c.out.empty()) throw Error("--out (the run directory) is required");
   parse_device(c.device);  // throws for a name other than cpu and cuda, or cuda without a GPU
   if (c.bucket_elements < 1) throw Error("--bucket-elements must be >= 1");
+  if (c.expert_parallel < 1) throw Error("--expert-parallel must be >= 1");
   for (const auto& [d, w] : c.mix)
     if (!(w > 0)) throw Error("--mix " + d + "=" + std::to_string(w) + ": weights must be > 0");
   c.lr.validate("--lr-schedule");
@@ -260,6 +265,18 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
   if (cfg.batch % world != 0)
     throw Error("--batch " + std::to_string(cfg.batch) + " is the global batch: it must divide by the " +
                 std::to_string(world) + " workers");
+  if (cfg.expert_parallel > 1) {
+    const int ep = cfg.expert_parallel;
+    if (world % ep != 0)
+      throw Error("--expert-parallel " + std::to_string(ep) + " spreads the experts over " + std::to_string(ep) +
+                  " workers: it must divide the " + std::to_string(world) +
+                  " worker(s) (start them with --nproc N, or give --expert-parallel 1)");
+    if (!s->recipe.moe)
+      throw Error("--expert-parallel: recipe " + cfg.recipe + " has no MoE layers (no routed experts to spread)");
+    if (s->recipe.moe->routed_experts % ep != 0)
+      throw Error("--expert-parallel " + std::to_string(ep) + " must divide the recipe's " +
+                  std::to_string(s->recipe.moe->routed_experts) + " routed experts");
+  }
   s->device = torch::Device(torch::kCPU);
   if (cfg.device == "cuda") {
     const int gpu = s->dist_env.local_rank;
@@ -338,16 +355,24 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
     throw Error(out_of_memory_text(e, cfg, s->recipe, s->seq_len, s->device, world, "building the model"));
   }
   s->model->train();
+  s->model->set_recompute(cfg.recompute);
   if (!canonical.empty()) s->model->set_engram_canonical_ids(canonical);
   const auto& layers = s->model->plan().layers;
   if (cfg.dsa_warmup_steps > 0 && std::none_of(layers.begin(), layers.end(), [](const LayerPlan& l) { return l.dsa; }))
     throw Error("--dsa-warmup-steps: recipe " + cfg.recipe + " has no DSA layers");
-  s->optimizer = std::make_unique<Optimizer>(*s->model, cfg.optim);
   if (world > 1) {
-    s->dist = std::make_unique<DataParallel>(s->dist_env, s->device, *s->optimizer, cfg.bucket_elements);
-    std::vector<torch::Tensor> all = s->model->parameters();
-    for (const auto& b : s->model->buffers()) all.push_back(b);
-    s->dist->broadcast(all);  // one starting point, whatever each device's initialisation did
+    s->dist = std::make_unique<DataParallel>(s->dist_env, s->device, cfg.expert_parallel);
+    if (auto group = s->dist->expert_group()) s->model->spread_experts(group);  // before the optimizer takes them
+  }
+  s->optimizer = std::make_unique<Optimizer>(*s->model, cfg.optim);
+  if (s->dist) {
+    s->dist->attach(*s->optimizer, cfg.bucket_elements);
+    // One starting point, whatever each device's initialisation did; an expert share from its replica group's first.
+    std::vector<torch::Tensor> all, experts;
+    for (const auto& [name, t] : model::named_state(*s->model))
+      (cfg.expert_parallel > 1 && model::is_routed_expert(name) ? experts : all).push_back(t);
+    s->dist->broadcast(all);
+    s->dist->broadcast_replicas(experts);
   }
 
   auto plan = make_plan(s->recipe);
@@ -400,6 +425,17 @@ Trainer Trainer::resume(const std::string& dir, const nlohmann::json& overrides,
   const std::string recipe_text = ck.meta.at("recipe_text").get<std::string>();
   auto s = build_state(cfg, recipe_text);
 
+  // Spread experts take their share of the whole stacked tensors the checkpoint holds (saved under any layout).
+  if (const int ep = s->model->expert_parallel(); ep > 1) {
+    const int q = s->dist->expert_group()->rank();
+    for (auto* tensors : {&ck.model, &ck.optimizer})
+      for (auto& [name, t] : *tensors) {
+        const std::string param = name.rfind("muon.momentum/", 0) == 0 ? name.substr(14) : name;
+        if (!model::is_routed_expert(param) || t.dim() < 1 || t.size(0) % ep != 0) continue;  // checked below
+        const int64_t share = t.size(0) / ep;
+        t = t.narrow(0, q * share, share);
+      }
+  }
   // Everything is checked before the model and the optimizer change: names, shapes, dtypes.
   auto mine = model::named_state(*s->model);
   for (const auto& [name, t] : mine) {
@@ -452,13 +488,17 @@ Trainer::~Trainer() = default;
 Trainer::Trainer(Trainer&&) noexcept = default;
 
 std::string Trainer::save() {
-  if (s_->dist) {
-    s_->dist->gather_muon_momentum();  // each rank holds the momentum of its own matrices only
-    if (s_->dist->rank() != 0) return "";
-  }
   CheckpointData ck;
+  if (s_->dist) s_->dist->gather_muon_momentum();  // each rank holds the momentum of its own matrices only
   ck.model = model::named_state(*s_->model);
   for (auto& [name, t] : s_->optimizer->state_tensors()) ck.optimizer.emplace(name, t);
+  if (s_->model->expert_parallel() > 1)  // whole expert tensors, so that any layout resumes (every rank gathers)
+    for (auto* tensors : {&ck.model, &ck.optimizer})
+      for (auto& [name, t] : *tensors) {
+        const std::string param = name.rfind("muon.momentum/", 0) == 0 ? name.substr(14) : name;
+        if (model::is_routed_expert(param)) t = s_->dist->gather_experts(t);
+      }
+  if (s_->dist && s_->dist->rank() != 0) return "";
   ck.optimizer.emplace("rng/cpu", at::detail::getDefaultCPUGenerator().get_state());
   ck.meta = {{"format", "slm-checkpoint"},
              {"version", 1},
@@ -722,7 +762,10 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
     else if (step_ % print_every == 0 || step_ == total_steps_)
       *log_ << line << "\n";
     const bool last = step_ == total_steps_;
-    if (((cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) || last) && (!dist || dist->rank() == 0)) log_eval();
+    // Rank 0 evaluates alone, unless the experts are spread: then every rank runs the same batches with it.
+    if (((cfg_.eval_every > 0 && step_ % cfg_.eval_every == 0) || last) &&
+        (!dist || dist->rank() == 0 || dist->expert_parallel() > 1))
+      log_eval();
     if ((cfg_.checkpoint_every > 0 && step_ % cfg_.checkpoint_every == 0) || last) {
       auto dir = save();
       if (tty) *log_ << "\r\033[K";

@@ -6,11 +6,10 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <ostream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "slm/train/optimizer.h"
 #include "slm/train/schedule.h"
@@ -18,32 +17,34 @@
 namespace slm::train {
 
 struct TrainConfig {
-  std::string recipe;     // recipe file
-  std::string data;       // shard directory: <data>/<domain>/{train,validation}-NNNNN.slmtok
-  std::string out;        // run directory (checkpoints, metrics.jsonl)
-  std::string tokenizer;  // for bits per byte; "": the one the shards name, under tokenizer/; "none": no bpb
-  std::vector<std::string> domains;       // empty: every domain directory under data
-  std::map<std::string, double> mix;      // sampling weight per domain (default 1)
-  int64_t steps = 0;                      // optimizer steps (0: derive from token_budget)
-  int64_t token_budget = 0;               // training tokens (used when steps is 0)
-  int64_t batch = 8;                      // sequences per micro-batch
-  int64_t seq_len = 0;                    // 0: the recipe's seq_len
-  int64_t accum = 1;                      // micro-batches per optimizer step
+  std::string recipe;                // recipe file
+  std::string data;                  // shard directory: <data>/<domain>/{train,validation}-NNNNN.slmtok
+  std::string out;                   // run directory (checkpoints, metrics.jsonl)
+  std::string tokenizer;             // for bits per byte; "": the one the shards name, under tokenizer/; "none": no bpb
+  std::vector<std::string> domains;  // empty: every domain directory under data
+  std::map<std::string, double> mix;  // sampling weight per domain (default 1)
+  int64_t steps = 0;                  // optimizer steps (0: derive from token_budget)
+  int64_t token_budget = 0;           // training tokens (used when steps is 0)
+  int64_t batch = 8;                  // sequences per micro-batch
+  int64_t seq_len = 0;                // 0: the recipe's seq_len
+  int64_t accum = 1;                  // micro-batches per optimizer step
   uint64_t seed = 1;
-  LrSchedule lr;                          // multiplier of every group's base LR per step
-  double grad_clip = 1.0;                 // gradient-norm clip of the LM and of the DSA indexers, each (0: off)
-  int max_bad_steps = 5;                  // consecutive non-finite steps before giving up
-  int64_t eval_every = 100;               // validation interval in steps (0: only at the end)
-  int64_t eval_batches = 4;               // validation micro-batches per domain
-  int64_t checkpoint_every = 200;         // checkpoint interval in steps (0: only at the end)
-  int keep_last = 3;                      // checkpoints kept
-  int64_t log_every = 1;                  // metrics.jsonl interval
-  int64_t dsa_warmup_steps = 0;           // steps of the DSA indexer's dense warm-up stage
-  std::string device = "cpu";             // cpu | cuda
-  double peak_tflops = 0;                 // device peak for MFU (0: from the device name on CUDA)
-  double max_minutes = 0;                 // stop (with a checkpoint) after this much wall time in one run (0: no limit)
+  LrSchedule lr;                   // multiplier of every group's base LR per step
+  double grad_clip = 1.0;          // gradient-norm clip of the LM and of the DSA indexers, each (0: off)
+  int max_bad_steps = 5;           // consecutive non-finite steps before giving up
+  int64_t eval_every = 100;        // validation interval in steps (0: only at the end)
+  int64_t eval_batches = 4;        // validation micro-batches per domain
+  int64_t checkpoint_every = 200;  // checkpoint interval in steps (0: only at the end)
+  int keep_last = 3;               // checkpoints kept
+  int64_t log_every = 1;           // metrics.jsonl interval
+  int64_t dsa_warmup_steps = 0;    // steps of the DSA indexer's dense warm-up stage
+  std::string device = "cpu";      // cpu | cuda
+  double peak_tflops = 0;          // device peak for MFU (0: from the device name on CUDA)
+  double max_minutes = 0;          // stop (with a checkpoint) after this much wall time in one run (0: no limit)
   int64_t bucket_elements = int64_t{1} << 23;  // data-parallel gradient bucket (float32 elements; distributed.h)
-  int64_t profile_steps = 0;              // profile this many steps after two warm-up steps (profile.h; 0: off)
+  int expert_parallel = 1;                     // ranks each MoE layer's routed experts are spread over (distributed.h)
+  bool recompute = false;     // activation checkpointing of the A/M/R/F blocks (HybridLM::set_recompute)
+  int64_t profile_steps = 0;  // profile this many steps after two warm-up steps (profile.h; 0: off)
   OptimizerConfig optim;
 
   nlohmann::json to_json() const;

@@ -122,30 +122,117 @@ bool use_grouped(const torch::Tensor& u, const ExpertsImpl& experts) {
 }
 }  // namespace
 
-torch::Tensor loop_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
-  const int64_t num_experts = experts.num_experts();
-  ByExpert s = sort_by_expert(routing.experts, num_experts);
-  auto ends = s.ends.cpu();  // the slices' sizes must be known on the host: one sync
-  auto end = ends.accessor<int32_t, 1>();
-  auto xs = gather_tokens(u, s);
+namespace {
+// The experts on rows sorted by expert, ends[e] the end of expert e's run: one ffn per nonempty run.
+torch::Tensor run_loop(const torch::Tensor& xs, const int32_t* ends, const ExpertsImpl& experts) {
   std::vector<torch::Tensor> outs;
   int64_t begin = 0;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    if (end[e] > begin) outs.push_back(experts.ffn(xs.narrow(0, begin, end[e] - begin), e));
-    begin = end[e];
+  for (int64_t e = 0; e < experts.num_experts(); ++e) {
+    if (ends[e] > begin) outs.push_back(experts.ffn(xs.narrow(0, begin, ends[e] - begin), e));
+    begin = ends[e];
   }
-  return combine(torch::cat(outs, 0), s, routing, u.size(0));
+  // No rows here (a rank whose experts got no tokens): the output stays on xs's autograd graph, so that the
+  // backward still runs the exchanges every rank of an expert group waits for.
+  return outs.empty() ? xs.clone() : torch::cat(outs, 0);
+}
+
+// The same in one grouped GEMM per projection, in BF16; ends on the device (int32), so no host sync. The weights are
+// stored [E, out, in] like nn.Linear; _grouped_mm multiplies by [E, in, out] and takes the transposed
+// (column-major) view as it is. The casts keep fp32 master weights receiving the gradients.
+torch::Tensor run_grouped(const torch::Tensor& xs, const torch::Tensor& ends, const ExpertsImpl& experts) {
+  auto w13 = experts.w13.to(torch::kBFloat16).transpose(1, 2);
+  auto w2 = experts.w2.to(torch::kBFloat16).transpose(1, 2);
+  return at::_grouped_mm(swiglu_activation(at::_grouped_mm(xs.to(torch::kBFloat16), w13, ends)), w2, ends);
+}
+}  // namespace
+
+torch::Tensor loop_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
+  ByExpert s = sort_by_expert(routing.experts, experts.num_experts());
+  auto ends = s.ends.cpu();  // the slices' sizes must be known on the host: one sync
+  return combine(run_loop(gather_tokens(u, s), ends.data_ptr<int32_t>(), experts), s, routing, u.size(0));
 }
 
 torch::Tensor grouped_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
   ByExpert s = sort_by_expert(routing.experts, experts.num_experts());
-  auto xs = gather_tokens(u.to(torch::kBFloat16), s);
-  // The weights are stored [E, out, in] like nn.Linear; _grouped_mm multiplies by [E, in, out] and takes the
-  // transposed (column-major) view as it is. The casts keep fp32 master weights receiving the gradients.
-  auto w13 = experts.w13.to(torch::kBFloat16).transpose(1, 2);
-  auto w2 = experts.w2.to(torch::kBFloat16).transpose(1, 2);
-  auto ys = at::_grouped_mm(swiglu_activation(at::_grouped_mm(xs, w13, s.ends)), w2, s.ends);
-  return combine(ys, s, routing, u.size(0));
+  return combine(run_grouped(gather_tokens(u.to(torch::kBFloat16), s), s.ends, experts), s, routing, u.size(0));
+}
+
+namespace {
+// ExpertGroup::exchange with its gradient: the rows' gradients travel back by the reverse exchange. The group
+// outlives every graph built through it (the model holds it), so ctx keeps it as an address.
+class ExchangeRows : public torch::autograd::Function<ExchangeRows> {
+ public:
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x, ExpertGroup* group,
+                               const std::vector<int64_t>& send_rows, const std::vector<int64_t>& recv_rows) {
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["send"] = send_rows;
+    ctx->saved_data["recv"] = recv_rows;
+    return group->exchange(x, send_rows, recv_rows);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* group = reinterpret_cast<ExpertGroup*>(ctx->saved_data["group"].toInt());
+    return {group->exchange(grads[0], ctx->saved_data["recv"].toIntVector(), ctx->saved_data["send"].toIntVector()),
+            {},
+            {},
+            {}};
+  }
+};
+}  // namespace
+
+torch::Tensor parallel_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts,
+                               ExpertGroup& group, int64_t num_experts) {
+  const int ranks = group.size();
+  const int64_t local = experts.num_experts();
+  if (local * ranks != num_experts)
+    throw Error("parallel_experts: " + std::to_string(ranks) + " ranks of " + std::to_string(local) +
+                " experts do not hold the " + std::to_string(num_experts) + " routed experts");
+  const bool grouped = use_grouped(u, experts);
+  ByExpert s = sort_by_expert(routing.experts, num_experts);
+  // BF16 rows on the grouped path: the experts compute in BF16 anyway, and half the bytes travel.
+  auto xs = gather_tokens(grouped ? u.to(torch::kBFloat16) : u, s);
+
+  // Rows per expert, sent to the experts' ranks: counts[q L + j] rows go to rank q's local expert j, and
+  // recv[q L + j] arrive from rank q for local expert j. One host read for both.
+  auto ends = s.ends.to(torch::kLong);
+  auto counts = ends - torch::cat({torch::zeros({1}, ends.options()), ends.narrow(0, 0, num_experts - 1)});
+  const std::vector<int64_t> per_rank(static_cast<size_t>(ranks), local);
+  auto recv = group.exchange(counts.view({num_experts, 1}), per_rank, per_rank).view({num_experts});
+  auto both = torch::cat({counts, recv}).cpu();
+  const int64_t* sent_n = both.data_ptr<int64_t>();
+  const int64_t* recv_n = sent_n + num_experts;
+  std::vector<int64_t> send_rows(static_cast<size_t>(ranks), 0), recv_rows(static_cast<size_t>(ranks), 0);
+  for (int q = 0; q < ranks; ++q)
+    for (int64_t j = 0; j < local; ++j) {
+      send_rows[static_cast<size_t>(q)] += sent_n[q * local + j];
+      recv_rows[static_cast<size_t>(q)] += recv_n[q * local + j];
+    }
+
+  // The rows arrive by source rank, each source's by local expert; the experts want them by expert. perm lists the
+  // arrived rows expert by expert (source ranks in order within each), local_ends where each expert's run ends.
+  std::vector<int64_t> start(static_cast<size_t>(ranks) * static_cast<size_t>(local));
+  int64_t at = 0;
+  for (int q = 0; q < ranks; ++q)
+    for (int64_t j = 0; j < local; ++j) {
+      start[static_cast<size_t>(q * local + j)] = at;
+      at += recv_n[q * local + j];
+    }
+  std::vector<int64_t> perm;
+  perm.reserve(static_cast<size_t>(at));
+  std::vector<int32_t> local_ends(static_cast<size_t>(local));
+  for (int64_t j = 0; j < local; ++j) {
+    for (int q = 0; q < ranks; ++q)
+      for (int64_t r = 0; r < recv_n[q * local + j]; ++r) perm.push_back(start[static_cast<size_t>(q * local + j)] + r);
+    local_ends[static_cast<size_t>(j)] = static_cast<int32_t>(perm.size());
+  }
+  auto idx = torch::tensor(perm, torch::kLong).to(u.device());
+  auto inv = torch::empty_like(idx).scatter_(0, idx, torch::arange(idx.numel(), idx.options()));
+
+  auto arrived = ExchangeRows::apply(xs, &group, send_rows, recv_rows);
+  auto by_expert = PermuteRows::apply(arrived, idx, inv);
+  auto ys = grouped ? run_grouped(by_expert, torch::tensor(local_ends, torch::kInt).to(u.device()), experts)
+                    : run_loop(by_expert, local_ends.data(), experts);
+  auto back = ExchangeRows::apply(PermuteRows::apply(ys, inv, idx), &group, recv_rows, send_rows);
+  return combine(back, s, routing, u.size(0));
 }
 
 torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
@@ -209,6 +296,18 @@ ExpertsImpl::ExpertsImpl(int64_t num_experts, int64_t d_model, int64_t hidden, c
   init_fan_in_uniform(w13, d_model);
 }
 
+void ExpertsImpl::keep_experts(int64_t first, int64_t count) {
+  if (first < 0 || count < 1 || first + count > num_experts_)
+    throw Error("keep_experts: experts [" + std::to_string(first) + ", " + std::to_string(first + count) +
+                ") are not within the " + std::to_string(num_experts_) + " held");
+  if (!q13.empty() || !q2.empty()) throw Error("keep_experts: the experts run NVFP4 weights (inference only)");
+  torch::NoGradGuard no_grad;
+  // set_data keeps the registered parameter tensors (their identity) and swaps in the share, freeing the rest.
+  w13.set_data(w13.narrow(0, first, count).clone());
+  w2.set_data(w2.narrow(0, first, count).clone());
+  num_experts_ = count;
+}
+
 torch::Tensor ExpertsImpl::ffn(const torch::Tensor& x, int64_t e) const {
   auto proj = [e](const torch::Tensor& in, const torch::Tensor& w, const std::vector<nvfp4::QTensor>& q) {
     return q.empty() ? at::linear(in, w[e]) : linear_or_nvfp4(in, w, &q[e]);
@@ -247,6 +346,17 @@ Routing MoEImpl::route_tokens(const torch::Tensor& u) const {
   return route(at::linear(u.to(dt), router->weight.to(dt)), expert_bias, top_k, scaling_factor);
 }
 
+void MoEImpl::spread_experts(std::shared_ptr<ExpertGroup> group) {
+  if (expert_group_) throw Error("spread_experts: the experts are spread already");
+  const int ranks = group->size();
+  if (ranks < 1 || num_experts % ranks != 0)
+    throw Error("expert parallelism over " + std::to_string(ranks) + " ranks needs a multiple of " +
+                std::to_string(ranks) + " routed experts (the recipe has " + std::to_string(num_experts) + ")");
+  const int64_t local = num_experts / ranks;
+  experts->keep_experts(group->rank() * local, local);
+  expert_group_ = std::move(group);
+}
+
 torch::Tensor MoEImpl::sequence_aux_loss(const Routing& routing, int64_t batch, int64_t seq) const {
   // DeepSeek-V3 eq. 17-20: f_i = E/(k*T) * #selections of i in the sequence (constant), P_i = mean_t of the
   // normalized affinity; loss = weight * sum_i f_i * P_i, averaged over sequences.
@@ -263,7 +373,8 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& h) {
   const int64_t b = h.size(0), t = h.size(1), d = h.size(2);
   auto u = h.reshape({b * t, d});
   Routing routing = route_tokens(u);
-  auto out = dispatch_experts(u, routing, *experts);
+  auto out = expert_group_ ? parallel_experts(u, routing, *experts, *expert_group_, num_experts)
+                           : dispatch_experts(u, routing, *experts);
   if (shared) out = out + shared(u);
   {
     torch::NoGradGuard no_grad;
@@ -275,6 +386,7 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& h) {
 }
 
 torch::Tensor MoEImpl::forward_reference(const torch::Tensor& h) {
+  if (expert_group_) throw Error("MoE forward_reference: the experts are spread over ranks");
   const int64_t b = h.size(0), t = h.size(1), d = h.size(2);
   auto u = h.reshape({b * t, d});
   auto out = dense_experts_reference(u, route_tokens(u), *experts);
@@ -304,6 +416,8 @@ torch::Tensor MoELayer::forward(const torch::Tensor& x, const Documents*) {
 }
 
 torch::Tensor MoELayer::prefill(const torch::Tensor& x, LayerCache*) {
+  if (moe->expert_group())
+    throw Error("MoE prefill: the experts are spread over ranks (expert parallelism trains only)");
   return moe(norm(x));
 }
 

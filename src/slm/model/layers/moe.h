@@ -2,6 +2,7 @@
 // E: a fine-grained MoE channel layer, DeepSeek-V3 style. N routed SwiGLU experts (top-k per token) plus
 // always-on shared expert(s); sigmoid affinities in fp32; the balancing bias changes selection only;
 // dropless sort-by-expert dispatch.
+#include <memory>
 #include <vector>
 
 #include "slm/model/layer.h"
@@ -20,6 +21,21 @@ Routing route(const torch::Tensor& router_logits, const torch::Tensor& bias, int
 
 class ExpertsImpl;
 
+// Expert parallelism (training; train/distributed.h implements it over c10d): the routed experts of every MoE layer
+// are spread over the `size()` ranks of a group, rank q holding experts [q L, (q + 1) L), L = experts / size(). A
+// token's rows travel to its experts' ranks and back by all-to-all.
+class ExpertGroup {
+ public:
+  virtual ~ExpertGroup() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // All-to-all over dim 0: x's rows go out in rank order, send_rows[q] of them to rank q; the result holds
+  // recv_rows[q] rows from each rank q, in rank order. Every rank of the group must call it, in the same order.
+  // Not differentiable itself (parallel_experts wraps it in an autograd function).
+  virtual torch::Tensor exchange(const torch::Tensor& x, const std::vector<int64_t>& send_rows,
+                                 const std::vector<int64_t>& recv_rows) = 0;
+};
+
 // Routed-expert output for u [N, D]: assignments sorted by expert (dropless), each expert run on its
 // contiguous slice, scaled by its gate and summed back per token. On CUDA with dense weights:
 // gathered_experts for a decode step's few assignments (gathered_experts_pay), grouped_experts in BF16; loop_experts
@@ -37,6 +53,14 @@ bool gathered_experts_pay(const torch::Tensor& u, int64_t k, const ExpertsImpl& 
 
 // One matmul pair per expert that received tokens; reads the per-expert counts on the host (a sync).
 torch::Tensor loop_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
+
+// The routed output with the experts spread over group (num_experts in all, `experts` holding this rank's share):
+// assignments sorted by expert, their rows sent to the experts' ranks (one all-to-all of the per-expert counts, read
+// on the host, then one of the rows), run there grouped by expert (grouped GEMMs where grouped_experts would run,
+// else the per-expert loop), sent back and combined. Gradients return through the same all-to-alls, so every rank
+// of the group must run the forward and the backward of every MoE layer together.
+torch::Tensor parallel_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts,
+                               ExpertGroup& group, int64_t num_experts);
 
 // All experts in one grouped GEMM per projection (at::_grouped_mm), computed in BF16 (u and the dense weights
 // are cast, as BF16 autocast would) with no host sync; returns bf16. Runs on the CPU too, for tests.
@@ -63,7 +87,11 @@ struct RouterStats {
 class ExpertsImpl : public torch::nn::Module {
  public:
   ExpertsImpl(int64_t num_experts, int64_t d_model, int64_t hidden, const torch::TensorOptions& options);
+  // Experts held here: all of them, or this rank's share after keep_experts.
   int64_t num_experts() const { return num_experts_; }
+  // Keeps experts [first, first + count) only (expert parallelism), in place: the parameters stay the same
+  // tensors, so call it before an optimizer takes them.
+  void keep_experts(int64_t first, int64_t count);
   // Expert e's SwiGLU on x [n, D], with the dense weights or, once use_nvfp4 ran, their NVFP4 matrices.
   torch::Tensor ffn(const torch::Tensor& x, int64_t e) const;
   // Inference on an NVFP4 checkpoint, as LinearImpl::use_nvfp4: which is "w13" or "w2", q its stacked tensor.
@@ -86,6 +114,9 @@ class MoEImpl : public torch::nn::Module {
   torch::Tensor forward_reference(const torch::Tensor& h);
 
   Routing route_tokens(const torch::Tensor& u) const;
+  // Expert parallelism: keeps this rank's share of the experts and sends tokens through group from now on.
+  void spread_experts(std::shared_ptr<ExpertGroup> group);
+  const std::shared_ptr<ExpertGroup>& expert_group() const { return expert_group_; }
   RouterStats last_stats() const;
   // Loads accumulated over the training forwards since the last bias update (all-reduce this across ranks
   // before update_bias to balance on the global batch).
@@ -105,6 +136,7 @@ class MoEImpl : public torch::nn::Module {
  private:
   torch::Tensor sequence_aux_loss(const Routing& routing, int64_t batch, int64_t seq) const;
   torch::Tensor last_load_, pending_load_, aux_loss_;
+  std::shared_ptr<ExpertGroup> expert_group_;
 };
 TORCH_MODULE(MoE);
 
