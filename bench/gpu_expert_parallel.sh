@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # On a machine with several GPUs (issues 21 and 15): expert parallelism against plain data parallelism, and full-size
 # NAM56R on one and on several GPUs.
+# tokens/s and MFU are the median step's after the first three.
 #   1. hybrid-250m on NGPU GPUs, data-parallel (--expert-parallel 1) and with its 16 experts spread over all of them
 #      (--expert-parallel NGPU), the same global batch: tokens/s, peak memory of rank 0, and the first steps' losses
 #      side by side (the same model and data: they agree to BF16 rounding). With RECOMPUTE=1 also the data-parallel
@@ -41,9 +42,9 @@ if not rows:
     tail = [l.strip() for l in open(log) if l.strip()][-2:]
     print(f"| {name} | {gpus} | failed: {' / '.join(tail)[:300]} | | | | |")
     sys.exit()
-steady = rows[3:] or rows
-tps = sum(r["tokens_per_s"] for r in steady) / len(steady)
-mfu = sum(r.get("mfu", 0) for r in steady) / len(steady)
+steady = sorted(rows[3:] or rows, key=lambda r: r["tokens_per_s"])  # the median step after the first three
+tps = steady[len(steady) // 2]["tokens_per_s"]
+mfu = steady[len(steady) // 2].get("mfu", 0)
 mem = max(r.get("gpu_peak_gib", 0) for r in rows)
 losses = " ".join(f"{r['loss']:.4f}" for r in rows[:4])
 # The trainer's MFU is model FLOPs / (peak x GPUs); its peak for H100/H200 SXM is 989 dense BF16 TFLOP/s.

@@ -113,6 +113,25 @@ TEST_F(DataParallelCli, TwoGlooProcessesNormTheDsaIndexersApartAsOneProcess) {
   }
 }
 
+// With --accum the first micro-batches accumulate in .grad on each worker and only the last backward communicates
+// (the bucket takes .grad after autograd added the last micro-batch to it).
+TEST_F(DataParallelCli, AccumulatedMicroBatchesMatchOneProcess) {
+  const std::string one = dir + "/one", two = dir + "/two";
+  auto r1 = run_slm(args(one, "--accum 2"));
+  ASSERT_EQ(r1.code, 0) << r1.out;
+  auto r2 = run_slm(args(two, "--accum 2 --nproc 2 --bucket-elements 3000"));
+  ASSERT_EQ(r2.code, 0) << r2.out;
+  auto l1 = train_losses(one), l2 = train_losses(two);
+  ASSERT_EQ(l1.size(), 8u);
+  ASSERT_EQ(l2.size(), 8u);
+  for (const auto& [step, loss] : l1) EXPECT_NEAR(l2.at(step), loss, 1e-4 * std::abs(loss)) << "step " << step;
+  auto c1 = train::load_checkpoint(one), c2 = train::load_checkpoint(two);
+  for (const auto& [name, t] : c1.model) {
+    const bool lambdas = name.find("lambdas") != std::string::npos;  // see ExpertParallelCli
+    EXPECT_LT(max_rel_diff(c2.model.at(name), t), lambdas ? 1e-3 : 1e-4) << name;
+  }
+}
+
 TEST_F(DataParallelCli, AGlobalBatchThatDoesNotSplitIsRefusedByEveryWorker) {
   auto r = run_slm("train --recipe " + recipe + " --data " + data + " --out " + dir +
                    "/odd --steps 2 --batch 3 --seq-len 24 --threads 1 --tokenizer none --nproc 2");

@@ -5,6 +5,9 @@
 #ifndef USE_C10D_GLOO
 #define USE_C10D_GLOO
 #endif
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -117,16 +120,15 @@ struct DataParallel::Impl {
   std::vector<Bucket> buckets;
   std::vector<size_t> bucket_of;  // per parameter
   std::vector<char> got;          // per parameter: its gradient arrived in this backward
-  std::vector<unsigned> hooks;    // hook handles, per parameter
   size_t next_launch = 0;
   bool armed = false;
   std::mutex mu;
 
   // The gradient of parameter i (plus what earlier micro-batches accumulated) into its bucket's send buffer.
-  void pack(size_t i, const torch::Tensor& g) {
+  // The gradient of parameter i (what every micro-batch accumulated in .grad) into its bucket's send buffer.
+  void pack(size_t i) {
     const torch::Tensor& p = opt->param(i);
-    torch::Tensor value = g.defined() ? g : torch::Tensor();
-    if (p.grad().defined()) value = value.defined() ? value + p.grad() : p.grad();
+    const torch::Tensor& value = p.grad();
     Bucket& b = buckets[bucket_of[i]];
     if (!b.muon) {
       const auto k = static_cast<size_t>(std::find(b.params.begin(), b.params.end(), i) - b.params.begin());
@@ -161,11 +163,15 @@ struct DataParallel::Impl {
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) launch(buckets[next_launch++]);
   }
 
-  void on_grad(size_t i, const torch::Tensor& g) {
+  // After autograd accumulated parameter i's gradient of the armed backward into .grad.
+  void on_grad(size_t i) {
     std::lock_guard<std::mutex> lock(mu);
     if (!armed || got[i]) return;
     torch::NoGradGuard no_grad;
-    pack(i, g);
+    pack(i);
+    // The bucket holds it now: dropping .grad keeps a second copy of every gradient out of the backward's peak
+    // memory (finish() gives back the averaged gradients, as views of the buckets).
+    opt->param(i).mutable_grad() = torch::Tensor();
     got[i] = 1;
     --buckets[bucket_of[i]].pending;
     launch_ready();
@@ -191,6 +197,16 @@ struct DataParallel::Impl {
     }
   }
 };
+
+namespace {
+// Runs after autograd accumulated a parameter's gradient (so .grad holds every micro-batch's sum).
+struct Packer : torch::autograd::PostAccumulateGradHook {
+  Packer(DataParallel::Impl* impl, size_t i) : impl(impl), i(i) {}
+  void operator()(const torch::autograd::Variable&) override { impl->on_grad(i); }
+  DataParallel::Impl* impl;
+  size_t i;
+};
+}  // namespace
 
 DataParallel::DataParallel(const DistEnv& env, torch::Device device, int expert_parallel)
     : impl_(std::make_unique<Impl>()), rank_(env.rank), world_(env.world_size), expert_parallel_(expert_parallel) {
@@ -326,21 +342,16 @@ void DataParallel::attach(Optimizer& optimizer, int64_t bucket_elements) {
   }
   s.got.assign(n, 0);
   Impl* self = impl_.get();
-  s.hooks.assign(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    if (s.is_spread[i]) continue;
-    torch::Tensor p = optimizer.param(i);
-    s.hooks[i] = p.register_hook([self, i](const torch::Tensor& g) { self->on_grad(i, g); });
-  }
+  for (size_t i = 0; i < n; ++i)
+    if (!s.is_spread[i])
+      torch::autograd::impl::set_post_acc_grad_hooks(optimizer.param(i), std::make_unique<Packer>(self, i));
 }
 
 DataParallel::~DataParallel() {
   if (!impl_) return;
-  for (size_t i = 0; i < impl_->hooks.size(); ++i) {
-    if (impl_->is_spread[i]) continue;  // no hook
-    torch::Tensor p = impl_->opt->param(i);
-    p.remove_hook(impl_->hooks[i]);
-  }
+  if (impl_->opt)
+    for (size_t i = 0; i < impl_->opt->num_params(); ++i)
+      if (!impl_->is_spread[i]) torch::autograd::impl::set_post_acc_grad_hooks(impl_->opt->param(i), nullptr);
   for (auto* pg : {&impl_->pg, &impl_->experts_pg, &impl_->replicas_pg})
     if (*pg) (*pg)->shutdown();
 }
@@ -406,7 +417,7 @@ DataParallel::Reduced DataParallel::finish(double local_loss, const std::vector<
     // Parameters whose hook did not fire (no gradient in this backward) still take part, with what they have.
     for (size_t i = 0; i < n; ++i)
       if (!s.got[i] && !s.is_spread[i]) {
-        s.pack(i, torch::Tensor());
+        s.pack(i);
         s.got[i] = 1;
         --s.buckets[s.bucket_of[i]].pending;
       }
@@ -435,15 +446,20 @@ DataParallel::Reduced DataParallel::finish(double local_loss, const std::vector<
           p.mutable_grad() = torch::Tensor();
           continue;
         }
-        p.mutable_grad() = b.flat.narrow(0, b.offset[k], p.numel()).view(p.sizes()).mul(inv).to(p.device());
-        (apart_set.count(p.unsafeGetTensorImpl()) ? shared_apart : shared)
-            .push_back(b.flat.narrow(0, b.offset[k], p.numel()));
+        // A view of the bucket (no copy), averaged in place once the norms are taken.
+        auto g = b.flat.narrow(0, b.offset[k], p.numel());
+        (apart_set.count(p.unsafeGetTensorImpl()) ? shared_apart : shared).push_back(g);
+        p.mutable_grad() = g.view(p.sizes());
       }
       continue;
     }
+    // Only parameters with a matrix this rank owns need a gradient tensor (the optimizer skips the others).
+    std::set<size_t> owns;
+    for (const auto& m : b.matrices)
+      if (m.owner == rank_) owns.insert(m.param);
     for (size_t i : b.params) {
       torch::Tensor p = s.opt->param(i);
-      if (a[static_cast<int64_t>(i)] == 0)
+      if (a[static_cast<int64_t>(i)] == 0 || !owns.count(i))
         p.mutable_grad() = torch::Tensor();
       else if (!p.grad().defined())
         p.mutable_grad() = torch::zeros_like(p);
@@ -480,6 +496,8 @@ DataParallel::Reduced DataParallel::finish(double local_loss, const std::vector<
   auto expert_sq = sum_sq(experts) * (static_cast<double>(expert_parallel_) * inv);
   if (!experts.empty()) at::_foreach_mul_(experts, inv);
   auto sq = at::stack({sum_sq(owned) + sum_sq(shared) * inv + expert_sq, sum_sq(shared_apart) * inv}) * (inv * inv);
+  for (auto* list : {&shared, &shared_apart})
+    if (!list->empty()) at::_foreach_mul_(*list, inv);
   {
     std::vector<at::Tensor> v{sq};
     s.pg->allreduce(v)->wait();
