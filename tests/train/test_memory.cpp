@@ -15,7 +15,9 @@
 namespace slm::test {
 namespace {
 
-double tensor_bytes(const torch::Tensor& t) { return static_cast<double>(t.numel() * t.element_size()); }
+double tensor_bytes(const torch::Tensor& t) {
+  return static_cast<double>(t.numel() * t.element_size());
+}
 
 // The line of text that starts with `start` ("" when there is none).
 std::string line_starting(const std::string& text, const std::string& start) {
@@ -74,10 +76,10 @@ TEST(OutOfMemoryMessage, SuggestsTheBatchThatFitsTheCapacity) {
   c.capacity = 5000;  // 90% usable: 4500 - 400 fixed = 4100, 4 sequences
   c.allocator = "CUDA out of memory. Tried to allocate 2.00 GiB";
   std::string msg = train::out_of_memory_message(m, c);
-  for (const char* part : {"out of memory at step 3 on cpu training recipes/x.json (micro-batch 8 x 64 tokens",
-                           "parameters", "gradients", "optimizer state", "activations",
-                           "the allocator: CUDA out of memory. Tried to allocate 2.00 GiB", "--batch 4 --accum 2",
-                           "--seq-len", "smaller recipe"})
+  for (const char* part :
+       {"out of memory at step 3 on cpu training recipes/x.json (micro-batch 8 x 64 tokens", "parameters", "gradients",
+        "optimizer state", "activations", "the allocator: CUDA out of memory. Tried to allocate 2.00 GiB",
+        "--batch 4 --accum 2", "--recompute", "--seq-len", "smaller recipe"})
     EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in\n" << msg;
   EXPECT_NE(line_starting(msg, "  activations").find("  ~7.81 KiB  estimated"), std::string::npos) << msg;
   EXPECT_NE(line_starting(msg, "  total").find("  ~8.20 KiB  of the device's 4.88 KiB"), std::string::npos) << msg;
@@ -92,7 +94,12 @@ TEST(OutOfMemoryMessage, SuggestsTheBatchThatFitsTheCapacity) {
 
   c.capacity = 1200;  // 1080 - 400 = 680 < one sequence
   msg = train::out_of_memory_message(m, c);
+  EXPECT_NE(msg.find("Even one sequence of 64 tokens does not fit: turn on --recompute"), std::string::npos) << msg;
+  c.recompute = true;  // already on: not suggested again
+  msg = train::out_of_memory_message(m, c);
   EXPECT_NE(msg.find("Even one sequence of 64 tokens does not fit: lower --seq-len"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("--recompute"), std::string::npos) << msg;
+  c.recompute = false;
 
   c.capacity = 0;  // unknown: halve the batch
   EXPECT_NE(train::out_of_memory_message(m, c).find("--batch 4 --accum 2"), std::string::npos);
@@ -139,16 +146,16 @@ TEST(OutOfMemory, ATrainingStepThatDoesNotFitSaysWhatAndHowToFix) {
   for (const auto& p : model::HybridLM(parse(micro_hybrid_json())).parameters())
     params += static_cast<double>(p.numel()) * 4;
   const std::vector<std::string> parts = {"out of memory at step 1 on cpu training " + recipe,
-                                         "micro-batch 4503599627370496 x 16 tokens",
-                                         "optimizer state",
-                                         "activations",
-                                         "DefaultCPUAllocator: can't allocate memory",
-                                         "--batch",
-                                         "--accum",
-                                         "--seq-len"};
-  for (const auto& part : parts)
-    EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in\n" << msg;
-  EXPECT_NE(line_starting(msg, "  parameters").find(human_bytes(params) + "  FP32 master weights"), std::string::npos) << msg;
+                                          "micro-batch 4503599627370496 x 16 tokens",
+                                          "optimizer state",
+                                          "activations",
+                                          "DefaultCPUAllocator: can't allocate memory",
+                                          "--batch",
+                                          "--accum",
+                                          "--seq-len"};
+  for (const auto& part : parts) EXPECT_NE(msg.find(part), std::string::npos) << "missing '" << part << "' in\n" << msg;
+  EXPECT_NE(line_starting(msg, "  parameters").find(human_bytes(params) + "  FP32 master weights"), std::string::npos)
+      << msg;
   EXPECT_EQ(msg.find("frame #"), std::string::npos) << "no C++ backtrace in the message:\n" << msg;
 }
 

@@ -52,8 +52,8 @@ std::string out_of_memory_message(const TrainingMemory& m, const OutOfMemoryCont
     std::snprintf(line, sizeof line, "  %-16s %12s  %s\n", name, size.c_str(), what.c_str());
     s << line;
   };
-  s << "out of memory " << c.where << " training " << c.recipe_file << " (micro-batch " << c.batch << " x "
-    << c.seq_len << " tokens, --accum " << c.accum << "):\n";
+  s << "out of memory " << c.where << " training " << c.recipe_file << " (micro-batch " << c.batch << " x " << c.seq_len
+    << " tokens, --accum " << c.accum << "):\n";
   row("parameters", "", m.parameters, "FP32 master weights");
   row("gradients", "", m.gradients, "FP32");
   row("optimizer state", "", m.optimizer, "Muon momentum, AdamW moments");
@@ -73,14 +73,16 @@ std::string out_of_memory_message(const TrainingMemory& m, const OutOfMemoryCont
   double fit = c.capacity > 0 ? std::floor((usable - fixed) / per_sequence) : 0;
   if (c.capacity <= 0 || fit >= static_cast<double>(c.batch)) fit = std::floor(static_cast<double>(c.batch) / 2);
   if (fit < 1) {
-    s << "Even one sequence of " << c.seq_len << " tokens does not fit: lower --seq-len (activations grow with it) "
-      << "or train a smaller recipe.";
+    s << "Even one sequence of " << c.seq_len << " tokens does not fit: "
+      << (c.recompute ? "" : "turn on --recompute (activation checkpointing: blocks keep only their inputs), ")
+      << "lower --seq-len (activations grow with it) or train a smaller recipe.";
     return s.str();
   }
   const auto batch = static_cast<int64_t>(fit);
   const int64_t accum = (c.batch * c.accum + batch - 1) / batch;
   s << "To fit: lower --batch (activations grow with it), e.g. --batch " << batch * c.workers << " --accum " << accum
-    << " for about the same tokens per step; or lower --seq-len; or train a smaller recipe.";
+    << " for about the same tokens per step; " << (c.recompute ? "" : "or turn on --recompute; ")
+    << "or lower --seq-len; or train a smaller recipe.";
   return s.str();
 }
 

@@ -10,7 +10,7 @@
 
 namespace slm::train {
 
-struct TrainingMemory {  // bytes; doubles because an estimate for an absurd batch may pass 2^63
+struct TrainingMemory {    // bytes; doubles because an estimate for an absurd batch may pass 2^63
   double parameters = 0;   // FP32 master weights of every stored tensor
   double gradients = 0;    // one FP32 gradient per parameter
   double optimizer = 0;    // Muon momentum (one FP32 per matrix element), AdamW moments (two) and step counters
@@ -34,13 +34,15 @@ struct OutOfMemoryContext {
   int64_t batch = 0;        // sequences per micro-batch on this device
   int64_t seq_len = 0;
   int64_t accum = 1;
-  int workers = 1;          // data-parallel processes: --batch is the global batch, batch x workers
-  double capacity = 0;      // bytes of memory on the device (0: unknown)
-  std::string allocator;    // the allocator's own message, without backtrace
+  int workers = 1;         // data-parallel processes: --batch is the global batch, batch x workers
+  double capacity = 0;     // bytes of memory on the device (0: unknown)
+  std::string allocator;   // the allocator's own message, without backtrace
+  bool recompute = false;  // activation checkpointing already on (--recompute)
 };
 
 // The user's message: each part's size, the allocator's words, and what to change: a --batch that fits the
-// capacity with the --accum that keeps the tokens per step, a shorter --seq-len, or a smaller recipe.
+// capacity with the --accum that keeps the tokens per step, --recompute when it is off, a shorter --seq-len, or a
+// smaller recipe.
 std::string out_of_memory_message(const TrainingMemory& memory, const OutOfMemoryContext& context);
 
 }  // namespace slm::train

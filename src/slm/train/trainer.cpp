@@ -117,6 +117,7 @@ std::string out_of_memory_text(const std::exception& e, const TrainConfig& cfg, 
   c.accum = cfg.accum;
   c.workers = workers;
   c.capacity = device_capacity(device);
+  c.recompute = cfg.recompute;
   const auto* c10_error = dynamic_cast<const c10::Error*>(&e);
   c.allocator = c10_error != nullptr ? c10_error->what_without_backtrace() : e.what();
   return out_of_memory_message(training_memory(recipe, c.batch, seq_len, device.is_cuda()), c);
