@@ -513,16 +513,32 @@ std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, con
   Mamba3State next{at::empty_like(state.angle), at::empty_like(state.ssm), at::empty_like(state.k),
                    at::empty_like(state.x)};
   auto y = at::empty({b, 1, l.heads, 1, l.headdim}, state.ssm.options());
-  const cuda::Mamba3StepShape shape{b,         l.heads,         l.headdim,
-                                    l.groups,  l.d_state,       l.angles,
-                                    l.d_inner, proj.size(1),    static_cast<float>(w.a_floor),
-                                    static_cast<float>(w.norm_eps)};
-  const cuda::Mamba3StepArgs args{proj.data_ptr(),        w.dt_bias.data_ptr(),     w.b_bias.data_ptr(),
-                                  w.c_bias.data_ptr(),    w.b_norm.data_ptr(),      w.c_norm.data_ptr(),
-                                  w.d.data_ptr(),         state.angle.data_ptr<float>(), state.ssm.data_ptr<float>(),
-                                  state.k.data_ptr<float>(), state.x.data_ptr<float>(), next.angle.data_ptr<float>(),
-                                  next.ssm.data_ptr<float>(), next.k.data_ptr<float>(), next.x.data_ptr<float>(),
-                                  y.data_ptr<float>()};
+  const Mamba3StepShape shape{b,
+                              l.heads,
+                              l.headdim,
+                              l.groups,
+                              l.d_state,
+                              l.angles,
+                              l.d_inner,
+                              proj.size(1),
+                              static_cast<float>(w.a_floor),
+                              static_cast<float>(w.norm_eps)};
+  const Mamba3StepArgs args{proj.data_ptr(),
+                            w.dt_bias.data_ptr(),
+                            w.b_bias.data_ptr(),
+                            w.c_bias.data_ptr(),
+                            w.b_norm.data_ptr(),
+                            w.c_norm.data_ptr(),
+                            w.d.data_ptr(),
+                            state.angle.data_ptr<float>(),
+                            state.ssm.data_ptr<float>(),
+                            state.k.data_ptr<float>(),
+                            state.x.data_ptr<float>(),
+                            next.angle.data_ptr<float>(),
+                            next.ssm.data_ptr<float>(),
+                            next.k.data_ptr<float>(),
+                            next.x.data_ptr<float>(),
+                            y.data_ptr<float>()};
   if (proj.is_cpu()) {
     mamba3_step_cpu(shape, args);
     return {y, next};

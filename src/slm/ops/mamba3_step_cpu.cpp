@@ -9,7 +9,7 @@
 
 namespace slm::ops {
 
-void mamba3_step_cpu(const cuda::Mamba3StepShape& s, const cuda::Mamba3StepArgs& a) {
+void mamba3_step_cpu(const Mamba3StepShape& s, const Mamba3StepArgs& a) {
   const int64_t N = s.d_state, P = s.headdim, S = s.angles, H = s.heads;
   const int64_t bc = s.groups * N, scal = 2 * s.d_inner + 2 * bc, heads_per_group = H / s.groups;
   const auto* proj = static_cast<const float*>(a.proj);

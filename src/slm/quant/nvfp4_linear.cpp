@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "slm/util/error.h"
@@ -162,16 +163,23 @@ template <int MC>
   }
 }
 
+// The 16 E2M1 values as BF16 bits, twice (vpermw indexes 32 words), built once.
+struct Bf16Lut {
+  alignas(64) uint16_t words[32];
+  Bf16Lut() {
+    for (int i = 0; i < 32; ++i) {
+      const float v = e2m1_decode(static_cast<uint8_t>(i & 15));
+      uint32_t bits;
+      std::memcpy(&bits, &v, 4);
+      words[i] = static_cast<uint16_t>(bits >> 16);  // exact: E2M1 values have at most 2 significant bits
+    }
+  }
+};
+
 template <int MC>
 [[SLM_AVX512BF16]] void rows_avx512bf16(const Bf16Args& a, int64_t m0, int64_t n0, int64_t n1) {
-  alignas(64) uint16_t lut_words[32];
-  for (int i = 0; i < 32; ++i) {
-    const float v = e2m1_decode(static_cast<uint8_t>(i & 15));
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    lut_words[i] = static_cast<uint16_t>(bits >> 16);  // exact: E2M1 values have at most 2 significant bits
-  }
-  const __m512i lut = _mm512_load_si512(lut_words);
+  static const Bf16Lut table;
+  const __m512i lut = _mm512_load_si512(table.words);
   const int64_t chunks = (a.blocks + 1) / 2, full = a.blocks / 2;
   const int64_t sblocks = (a.blocks + 15) / 16 * 16;
   std::vector<float> scales(static_cast<size_t>(sblocks));  // the row's decoded block scales (times 2^-8)
@@ -266,6 +274,20 @@ void rows(const Args& a, int64_t m0, int64_t n0, int64_t n1, CpuKernel k) {
   rows_default<MC>(a, m0, n0, n1);
 }
 
+// run(std::integral_constant<int, MC>, m) over the rows of x in groups of MC = 4, then the 3, 2 or 1 left: the
+// kernels keep MC accumulators per weight row in registers, so MC is a template argument.
+template <typename Run>
+void for_row_groups(int64_t M, Run&& run) {
+  int64_t m = 0;
+  for (; m + 4 <= M; m += 4) run(std::integral_constant<int, 4>{}, m);
+  switch (M - m) {
+    case 3: run(std::integral_constant<int, 3>{}, m); break;
+    case 2: run(std::integral_constant<int, 2>{}, m); break;
+    case 1: run(std::integral_constant<int, 1>{}, m); break;
+    default: break;
+  }
+}
+
 void check_weight(const QTensor& w, int64_t K, const char* where) {
   if (w.shape.size() != 2)
     throw Error(std::string(where) + ": NVFP4 weight must be 2-D [N, K] (use matrix(i) for stacked tensors), got " +
@@ -338,14 +360,7 @@ torch::Tensor linear_cpu(const torch::Tensor& x_in, const QTensor& w) {
                blocks,
                kc};
     at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-      int64_t m = 0;
-      for (; m + 4 <= M; m += 4) rows_avx512bf16<4>(a, m, n0, n1);
-      switch (M - m) {
-        case 3: rows_avx512bf16<3>(a, m, n0, n1); break;
-        case 2: rows_avx512bf16<2>(a, m, n0, n1); break;
-        case 1: rows_avx512bf16<1>(a, m, n0, n1); break;
-        default: break;
-      }
+      for_row_groups(M, [&](auto mc, int64_t m) { rows_avx512bf16<decltype(mc)::value>(a, m, n0, n1); });
     });
     return y;
   }
@@ -363,14 +378,7 @@ torch::Tensor linear_cpu(const torch::Tensor& x_in, const QTensor& w) {
          t.pair.data(),
          t.e4m3.data()};
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    int64_t m = 0;
-    for (; m + 4 <= M; m += 4) rows<4>(a, m, n0, n1, kernel);
-    switch (M - m) {
-      case 3: rows<3>(a, m, n0, n1, kernel); break;
-      case 2: rows<2>(a, m, n0, n1, kernel); break;
-      case 1: rows<1>(a, m, n0, n1, kernel); break;
-      default: break;
-    }
+    for_row_groups(M, [&](auto mc, int64_t m) { rows<decltype(mc)::value>(a, m, n0, n1, kernel); });
   });
   return y;
 }

@@ -2,27 +2,14 @@
 // Launcher of the fused Mamba-3 SISO decode step (src/slm/ops/cuda/mamba3_step_kernel.cu); plain C++ so the .cu needs
 // no torch. The math is ops::mamba3_preprocess + ops::mamba3_step for one token (src/slm/ops/mamba3_scan.cpp), which
 // the CUDA tests compare against in float64.
-#include <cstdint>
 #include <string>
+
+#include "slm/ops/mamba3_step_args.h"
 
 namespace slm::ops::cuda {
 
-// Where the step's inputs sit in one row of in_proj's output ([B, width], row stride `width`): z (unused here) at 0,
-// x at d_inner, B at 2·d_inner (groups × N), C after it, then dd_dt, dd_a and trap (heads each) and the angles.
-struct Mamba3StepShape {
-  int64_t batch, heads, headdim, groups, d_state, angles, d_inner, width;
-  float a_floor, norm_eps;
-};
-
-// proj [B, width] and the weights (dt_bias [H], b_bias, c_bias [H, N], b_norm, c_norm [N], d [H]) in one dtype,
-// bf16 (`bf16`) or FP32; the state (angle [B, H, S], ssm [B, H, P, N], k [B, H, N], x [B, H, P]) FP32, read from the
-// *_in pointers and written to the *_out ones (which must not alias them); y [B, H, P] FP32 (without the gate).
-// stream: a cudaStream_t. Returns "" or the CUDA error text.
-struct Mamba3StepArgs {
-  const void *proj, *dt_bias, *b_bias, *c_bias, *b_norm, *c_norm, *d;
-  const float *angle_in, *ssm_in, *k_in, *x_in;
-  float *angle_out, *ssm_out, *k_out, *x_out, *y;
-};
+// The step on the GPU (mamba3_step_args.h gives the layout): proj and the weights bf16 (`bf16`) or FP32; stream: a
+// cudaStream_t. Returns "" or the CUDA error text.
 std::string mamba3_step(const Mamba3StepShape& s, bool bf16, const Mamba3StepArgs& a, void* stream);
 
 }  // namespace slm::ops::cuda
