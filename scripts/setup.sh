@@ -57,6 +57,14 @@ TORCH_PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)' 2>
 
 prefix_path="$TORCH_PREFIX"
 [[ -n "${SLM_DEPS_PREFIX:-}" ]] && prefix_path="$TORCH_PREFIX;$(realpath "$SLM_DEPS_PREFIX")/usr"
+# An image with its own nlohmann-json (the GPU image has 3.11.3, the unpacked package 3.11.2) keeps its own: with both,
+# the library (which sees the prefix's headers) and the program (the image's) compile against two json ABIs and fail
+# to link. The unpacked copy is only a fallback, so it goes.
+if [[ -n "${SLM_DEPS_PREFIX:-}" ]] &&
+  compgen -G "/usr/share/cmake*/nlohmann_json/nlohmann_jsonConfig.cmake" >/dev/null; then
+  rm -rf "$SLM_DEPS_PREFIX/usr/include/nlohmann" "$SLM_DEPS_PREFIX/usr/share/cmake/nlohmann_json" \
+    "$SLM_DEPS_PREFIX/usr/share/pkgconfig/nlohmann_json.pc"
+fi
 
 # Reconfigure only when the build directory is new or the options changed.
 stamp="$BUILD_DIR/.slm-configure"
