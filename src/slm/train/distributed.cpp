@@ -124,7 +124,6 @@ struct DataParallel::Impl {
   bool armed = false;
   std::mutex mu;
 
-  // The gradient of parameter i (plus what earlier micro-batches accumulated) into its bucket's send buffer.
   // The gradient of parameter i (what every micro-batch accumulated in .grad) into its bucket's send buffer.
   void pack(size_t i) {
     const torch::Tensor& p = opt->param(i);
