@@ -69,6 +69,7 @@ void print_scores(const train::CheckpointEval& req, const train::CheckpointScore
 }  // namespace
 
 void add_eval_humaneval_command(CLI::App* eval);  // cmd_eval_humaneval.cpp
+void add_eval_domains_command(CLI::App* eval);    // cmd_eval_domains.cpp
 
 void add_eval_command(CLI::App& app) {
   auto o = std::make_shared<EvalCli>();
@@ -80,7 +81,8 @@ void add_eval_command(CLI::App& app) {
                 "training checkpoint (ckpt-NNNNNNNN), run directory (its latest), or weights file (.safetensors, "
                 "NVFP4 or dense); required without a subcommand");
   e->add_option("--recipe", q.recipe, "recipe file (required for a weights file; a training checkpoint has its own)");
-  e->add_option("--data", q.data, "shard directory: <domain>/<split>-NNNNN.slmtok or plain <prefix>-NNNNN.slmtok (default: the run's)");
+  e->add_option("--data", q.data,
+                "shard directory: <domain>/<split>-NNNNN.slmtok or plain <prefix>-NNNNN.slmtok (default: the run's)");
   e->add_option("--split", q.split, "validation or test")->capture_default_str();
   e->add_option("--domains", q.domains, "these domains only (default: the run's, else every domain)")->delimiter(',');
   e->add_option("--tokenizer", q.tokenizer,
@@ -94,10 +96,12 @@ void add_eval_command(CLI::App& app) {
   e->add_flag("--bf16", q.bf16, "compute under BF16 autocast (as training on a GPU does); weights as loaded");
   e->add_flag("--json", o->json, "print JSON");
   add_eval_humaneval_command(e);
+  add_eval_domains_command(e);
   e->require_subcommand(0, 1);
   e->callback([o, e] {
     if (!e->get_subcommands().empty()) return;  // a subcommand ran instead
-    if (o->req.checkpoint.empty()) throw Error("slm eval: --checkpoint is required (or a subcommand: humaneval)");
+    if (o->req.checkpoint.empty())
+      throw Error("slm eval: --checkpoint is required (or a subcommand: humaneval, domains)");
     if (o->threads > 0) torch::set_num_threads(o->threads);
     print_scores(o->req, train::evaluate_checkpoint(o->req), o->json);
   });

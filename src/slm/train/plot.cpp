@@ -1,16 +1,14 @@
 #include "slm/train/plot.h"
 
-#include <sys/wait.h>
-
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "slm/util/error.h"
 #include "slm/util/files.h"
+#include "slm/util/gnuplot.h"
 
 namespace slm::train {
 
@@ -19,12 +17,6 @@ namespace {
 struct Series {
   std::vector<std::pair<double, double>> points;  // (step, value)
 };
-
-std::string quote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
 
 void write_series(const std::string& path, const Series& s) {
   std::ofstream f(path);
@@ -38,28 +30,22 @@ std::string plot(const std::string& dir, const std::string& name, const std::str
   const std::string data_dir = dir + "/plot";
   std::ostringstream gp;
   const std::string png = dir + "/" + name + ".png";
-  gp << "set terminal pngcairo size 960,560 noenhanced\nset output " << quote(png) << "\n"
-     << "set title " << quote(title) << "\nset xlabel 'step'\nset ylabel " << quote(ylabel) << "\n"
+  gp << "set terminal pngcairo size 960,560 noenhanced\nset output " << single_quoted(png) << "\n"
+     << "set title " << single_quoted(title) << "\nset xlabel 'step'\nset ylabel " << single_quoted(ylabel) << "\n"
      << "set grid\nset key top right\nplot ";
   bool first = true;
   for (const auto& [label, s] : series) {
     if (s.points.empty()) continue;
     const std::string file = data_dir + "/" + name + "-" + label + ".dat";
     write_series(file, s);
-    gp << (first ? "" : ", ") << quote(file) << " using 1:2 with " << (s.points.size() > 1 ? "lines" : "points")
-       << " lw 2 title " << quote(label);
+    gp << (first ? "" : ", ") << single_quoted(file) << " using 1:2 with " << (s.points.size() > 1 ? "lines" : "points")
+       << " lw 2 title " << single_quoted(label);
     first = false;
   }
   gp << "\n";
   const std::string script = data_dir + "/" + name + ".gp";
   write_file_atomic(script, gp.str());
-  const std::string cmd = "gnuplot " + quote(script) + " 2>" + quote(data_dir + "/" + name + ".log");
-  const int rc = std::system(cmd.c_str());
-  if (rc != 0) {
-    if (WIFEXITED(rc) && WEXITSTATUS(rc) == 127)
-      throw Error("gnuplot is not installed (Debian: apt-get install gnuplot-nox; scripts/setup.sh installs it)");
-    throw Error("gnuplot failed on " + script + " (see " + data_dir + "/" + name + ".log)");
-  }
+  run_gnuplot(script, data_dir + "/" + name + ".log");
   return png;
 }
 

@@ -1,0 +1,125 @@
+// slm eval domains: the per-domain table (src/slm/eval/domain_table.h) of an ensemble's specialists and any other
+// checkpoints (a generalist), all scored on the same held-out windows, with the oracle route.
+#include <torch/torch.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "commands.h"
+#include "slm/eval/domain_table.h"
+#include "slm/recipe/ensemble.h"
+#include "slm/util/error.h"
+#include "slm/util/files.h"
+
+namespace slm::cli {
+
+namespace {
+
+struct DomainsCli {
+  std::string ensemble;
+  std::vector<std::string> models;  // NAME=CHECKPOINT
+  std::vector<std::string> routes;  // NAME=DOMAIN[,DOMAIN...]
+  train::CheckpointEval windows;    // data, split, domains, tokenizer, batch, seq_len, batches, device, bf16
+  std::string out;
+  int threads = 0;
+  bool json = false;
+};
+
+std::pair<std::string, std::string> name_value(const std::string& kv, const std::string& flag) {
+  const auto eq = kv.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == kv.size()) throw Error(flag + " " + kv + ": expected NAME=VALUE");
+  return {kv.substr(0, eq), kv.substr(eq + 1)};
+}
+
+void run_domains(DomainsCli& c) {
+  if (c.threads > 0) torch::set_num_threads(c.threads);
+  struct Column {
+    std::string name, checkpoint, recipe;
+  };
+  std::vector<Column> columns;
+  std::map<std::string, std::vector<std::string>> routes;
+  if (!c.ensemble.empty()) {
+    const Ensemble e = load_ensemble(c.ensemble);
+    for (const auto& s : e.specialists) {
+      if (s.checkpoint.empty())
+        throw Error(c.ensemble + ": specialist '" + s.name + "' has no checkpoint to score (train it first)");
+      columns.push_back({s.name, s.checkpoint, s.recipe_path});
+      routes[s.name] = s.routes;
+    }
+  }
+  for (const auto& m : c.models) {
+    auto [name, checkpoint] = name_value(m, "--model");
+    columns.push_back({name, checkpoint, ""});
+  }
+  for (const auto& r : c.routes) {
+    auto [name, labels] = name_value(r, "--routes");
+    std::vector<std::string> list;
+    std::stringstream ss(labels);
+    for (std::string d; std::getline(ss, d, ',');)
+      if (!d.empty()) list.push_back(d);
+    routes[name] = list;
+  }
+  if (columns.empty()) throw Error("slm eval domains: give --ensemble and/or --model NAME=CHECKPOINT");
+
+  std::vector<std::pair<std::string, eval::DomainScores>> scores;
+  train::CheckpointEval req = c.windows;
+  // Every model on every domain of the data (a specialist's own run names only its domain).
+  if (req.domains.empty())
+    for (const auto& d : train::find_domains(req.data, {})) req.domains.push_back(d.name);
+  for (size_t i = 0; i < columns.size(); ++i) {
+    std::fprintf(stderr, "scoring %s (%zu/%zu): %s\n", columns[i].name.c_str(), i + 1, columns.size(),
+                 columns[i].checkpoint.c_str());
+    req.checkpoint = columns[i].checkpoint;
+    req.recipe = columns[i].recipe;
+    auto r = train::evaluate_checkpoint(req);
+    // Every later model reads exactly the first one's windows.
+    req.batch = r.windows.batch;
+    req.seq_len = r.windows.seq_len;
+    req.batches = r.windows.batches;
+    scores.emplace_back(columns[i].name, r.domains);
+  }
+  const auto table = eval::make_domain_table(scores, routes);
+  const std::string md = eval::domain_table_markdown(table);
+  auto j = eval::domain_table_json(table);
+  j["windows"] = {{"split", req.split}, {"batch", req.batch}, {"seq_len", req.seq_len}, {"batches", req.batches}};
+  if (!c.out.empty()) {
+    make_dirs(c.out);
+    write_file_atomic(c.out + "/domain-table.md", md);
+    write_file_atomic(c.out + "/domain-table.json", j.dump(2) + "\n");
+    const std::string png = eval::plot_domain_table(table, c.out);
+    std::fprintf(stderr, "wrote %s/domain-table.md, .json and %s\n", c.out.c_str(), png.c_str());
+  }
+  std::cout << (c.json ? j.dump(2) + "\n" : md);
+}
+
+}  // namespace
+
+void add_eval_domains_command(CLI::App* eval) {
+  auto c = std::make_shared<DomainsCli>();
+  auto& w = c->windows;
+  auto* d = eval->add_subcommand(
+      "domains",
+      "The per-domain table: an ensemble's specialists and other checkpoints (a generalist) scored on the same "
+      "held-out windows of every domain, with the oracle route (each domain answered by the specialist whose router "
+      "labels include it); Markdown, JSON and a PNG chart (docs/evaluation.md)");
+  d->add_option("--ensemble", c->ensemble, "ensemble manifest: every specialist's checkpoint, recipe and routes");
+  d->add_option("--model", c->models, "another column, NAME=CHECKPOINT (training checkpoint or run directory)");
+  d->add_option("--routes", c->routes, "the domains a --model answers for the oracle route, NAME=DOMAIN[,DOMAIN...]");
+  d->add_option("--data", w.data, "shard directory with the held-out splits of every domain")->required();
+  d->add_option("--split", w.split, "validation or test")->capture_default_str();
+  d->add_option("--domains", w.domains, "these domains only (default: every domain with the split)")->delimiter(',');
+  d->add_option("--tokenizer", w.tokenizer, "tokenizer .model for bits per byte (default: the run's; none: loss)");
+  d->add_option("--batch", w.batch, "sequences per batch (0: the first model's run, else 8)")->capture_default_str();
+  d->add_option("--seq-len", w.seq_len, "tokens per sequence (0: the first model's run, else its recipe's)")
+      ->capture_default_str();
+  d->add_option("--batches", w.batches, "batches per domain (0: the first model's run, else 4)")->capture_default_str();
+  d->add_option("--device", w.device, "cpu or cuda")->capture_default_str();
+  d->add_option("--threads", c->threads, "CPU threads (0: torch's default)")->capture_default_str();
+  d->add_option("--out", c->out, "also write DIR/domain-table.md, .json and .png");
+  d->add_flag("--json", c->json, "print JSON instead of Markdown");
+  d->callback([c] { run_domains(*c); });
+}
+
+}  // namespace slm::cli

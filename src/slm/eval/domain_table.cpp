@@ -1,0 +1,178 @@
+#include "slm/eval/domain_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "slm/util/error.h"
+#include "slm/util/files.h"
+#include "slm/util/gnuplot.h"
+
+namespace slm::eval {
+
+DomainTable make_domain_table(const std::vector<std::pair<std::string, DomainScores>>& scores,
+                              const std::map<std::string, std::vector<std::string>>& routes) {
+  DomainTable t;
+  std::set<std::string> domains;
+  for (const auto& [model, by_domain] : scores) {
+    if (model.empty()) throw Error("domain table: a model without a name");
+    if (t.scores.count(model)) throw Error("domain table: model '" + model + "' is given twice");
+    t.models.push_back(model);
+    t.scores[model] = by_domain;
+    for (const auto& [d, s] : by_domain) {
+      domains.insert(d);
+      if (std::isnan(s.bpb)) t.bpb = false;
+    }
+  }
+  t.domains.assign(domains.begin(), domains.end());
+  for (const auto& [model, labels] : routes)
+    if (!t.scores.count(model)) throw Error("domain table: routes given for '" + model + "', which is not a model");
+  for (const auto& d : t.domains)
+    for (const auto& model : t.models) {
+      auto r = routes.find(model);
+      if (r == routes.end() || std::find(r->second.begin(), r->second.end(), d) == r->second.end()) continue;
+      if (!t.scores.at(model).count(d)) continue;
+      t.oracle[d] = model;
+      break;
+    }
+  return t;
+}
+
+double measure(const DomainTable& table, const train::DomainScore& score) {
+  return table.bpb ? score.bpb : score.loss;
+}
+
+DomainScores pooled_scores(const DomainTable& table) {
+  DomainScores out;
+  for (const auto& [model, by_domain] : table.scores)
+    if (!by_domain.empty()) out[model] = train::pooled(by_domain);
+  return out;
+}
+
+train::DomainScore oracle_pooled(const DomainTable& table) {
+  DomainScores answered;
+  for (const auto& [d, model] : table.oracle) answered[d] = table.scores.at(model).at(d);
+  return train::pooled(answered);
+}
+
+namespace {
+
+std::string cell(double v, bool bold) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, bold ? "**%.4f**" : "%.4f", v);
+  return buf;
+}
+
+// A name as a gnuplot data-file string: double quotes (its data files do not read single ones), none inside.
+std::string data_string(std::string s) {
+  s.erase(std::remove(s.begin(), s.end(), '"'), s.end());
+  return "\"" + s + "\"";
+}
+
+nlohmann::json score_json(const train::DomainScore& s) {
+  return {{"loss", s.loss},
+          {"bpb", std::isnan(s.bpb) ? nlohmann::json() : nlohmann::json(s.bpb)},
+          {"tokens", s.tokens},
+          {"bytes", s.bytes}};
+}
+
+}  // namespace
+
+std::string domain_table_markdown(const DomainTable& t) {
+  std::ostringstream md;
+  const bool oracle = !t.oracle.empty();
+  md << "| domain |";
+  for (const auto& m : t.models) md << " " << m << " |";
+  if (oracle) md << " oracle route |";
+  md << "\n|---|";
+  for (size_t i = 0; i < t.models.size() + (oracle ? 1 : 0); ++i) md << "---:|";
+  md << "\n";
+  // One row: the models' values (the lowest in bold), then the oracle's.
+  auto row = [&](const std::string& name, const DomainScores& by_model, const train::DomainScore* best_route,
+                 const std::string& route_model) {
+    double best = INFINITY;
+    for (const auto& [m, s] : by_model) best = std::min(best, measure(t, s));
+    md << "| " << name << " |";
+    for (const auto& m : t.models) {
+      auto it = by_model.find(m);
+      md << " "
+         << (it == by_model.end() ? std::string("—") : cell(measure(t, it->second), measure(t, it->second) == best))
+         << " |";
+    }
+    if (oracle)
+      md << " "
+         << (best_route ? cell(measure(t, *best_route), false) + (route_model.empty() ? "" : " (" + route_model + ")")
+                        : std::string("—"))
+         << " |";
+    md << "\n";
+  };
+  for (const auto& d : t.domains) {
+    DomainScores by_model;
+    for (const auto& m : t.models)
+      if (auto it = t.scores.at(m).find(d); it != t.scores.at(m).end()) by_model[m] = it->second;
+    auto o = t.oracle.find(d);
+    const train::DomainScore* route = o == t.oracle.end() ? nullptr : &t.scores.at(o->second).at(d);
+    row(d, by_model, route, o == t.oracle.end() ? "" : o->second);
+  }
+  const auto all = pooled_scores(t);
+  const auto routed = oracle_pooled(t);
+  row("all (pooled)", all, oracle ? &routed : nullptr, "");
+  md << "\n"
+     << (t.bpb ? "Bits per byte" : "Loss in nats per token") << " of the held-out targets, lower is better; "
+     << "the lowest model of each row in bold. \"all\" pools every domain's tokens";
+  if (oracle)
+    md << "; the oracle route answers each domain with the model whose router labels include it (over the "
+       << t.oracle.size() << " of " << t.domains.size() << " domains that have one)";
+  md << ".\n";
+  return md.str();
+}
+
+nlohmann::json domain_table_json(const DomainTable& t) {
+  nlohmann::json j = {{"measure", t.bpb ? "bpb" : "loss"}, {"models", t.models}, {"domains", t.domains}};
+  j["scores"] = nlohmann::json::object();
+  for (const auto& [m, by_domain] : t.scores) {
+    j["scores"][m] = nlohmann::json::object();
+    for (const auto& [d, s] : by_domain) j["scores"][m][d] = score_json(s);
+  }
+  j["pooled"] = nlohmann::json::object();
+  for (const auto& [m, s] : pooled_scores(t)) j["pooled"][m] = score_json(s);
+  j["oracle"] = t.oracle;
+  if (!t.oracle.empty()) j["oracle_pooled"] = score_json(oracle_pooled(t));
+  return j;
+}
+
+std::string plot_domain_table(const DomainTable& t, const std::string& dir) {
+  make_dirs(dir);
+  const std::string data = dir + "/domain-table.dat", script = dir + "/domain-table.gp",
+                    png = dir + "/domain-table.png";
+  {
+    std::ofstream f(data);
+    f << "domain";
+    for (const auto& m : t.models) f << " " << data_string(m);
+    f << "\n";
+    for (const auto& d : t.domains) {
+      f << data_string(d);
+      for (const auto& m : t.models) {
+        auto it = t.scores.at(m).find(d);
+        f << " " << (it == t.scores.at(m).end() ? std::string("NaN") : std::to_string(measure(t, it->second)));
+      }
+      f << "\n";
+    }
+    if (!f) throw Error(data + ": cannot write");
+  }
+  std::ostringstream gp;
+  gp << "set terminal pngcairo size 960,560 noenhanced\nset output " << single_quoted(png) << "\n"
+     << "set title " << single_quoted(std::string("held-out ") + (t.bpb ? "bits per byte" : "loss") + " per domain")
+     << "\nset ylabel " << single_quoted(t.bpb ? "bits per byte (lower is better)" : "nats per token") << "\n"
+     << "set style data histograms\nset style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
+     << "set grid ytics\nset key top left\nset yrange [0:*]\nset xtics rotate by -30\n"
+     << "plot for [i=2:" << t.models.size() + 1 << "] " << single_quoted(data) << " using i:xtic(1) title columnhead\n";
+  write_file_atomic(script, gp.str());
+  run_gnuplot(script, dir + "/domain-table.log");
+  return png;
+}
+
+}  // namespace slm::eval

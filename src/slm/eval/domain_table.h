@@ -1,0 +1,49 @@
+#pragma once
+// The per-domain table of issue 18: every model (an ensemble's specialists, a generalist, any other checkpoint) scored
+// on the same held-out windows of every domain (train::evaluate_checkpoint), and the oracle route: each domain
+// answered by the model whose router labels include it. Rows are domains, columns models; Markdown, JSON and a PNG
+// bar chart. The measure is bits per byte when every score has it (a tokenizer gave the bytes), else the loss in
+// nats per token.
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "slm/train/evaluate.h"
+
+namespace slm::eval {
+
+using DomainScores = std::map<std::string, train::DomainScore>;  // domain -> score
+
+struct DomainTable {
+  std::vector<std::string> models;             // columns, in the order given
+  std::vector<std::string> domains;            // rows: every domain some model was scored on, by name
+  std::map<std::string, DomainScores> scores;  // model -> its domains
+  std::map<std::string, std::string> oracle;   // domain -> the model answering it (domains without one absent)
+  bool bpb = true;                             // the measure: bits per byte, else loss (nats per token)
+};
+
+// routes: model -> the router labels (domain names) it answers. A domain's oracle is the first model, in column
+// order, whose labels include it and which was scored on it. Throws slm::Error for a repeated or empty model name
+// or for routes of a model that is not a column.
+DomainTable make_domain_table(const std::vector<std::pair<std::string, DomainScores>>& scores,
+                              const std::map<std::string, std::vector<std::string>>& routes = {});
+
+// The table's measure of one score (bpb, or loss when the table has no bpb).
+double measure(const DomainTable& table, const train::DomainScore& score);
+
+// Every model's pooled score (train::pooled over its domains), and the oracle's: the oracle model's score of each
+// domain that has one, pooled.
+DomainScores pooled_scores(const DomainTable& table);
+train::DomainScore oracle_pooled(const DomainTable& table);
+
+// | domain | model ... | oracle | rows, then "all": the lowest model value of each row in bold; "—" where a model
+// has no score. The oracle column only when some domain has one.
+std::string domain_table_markdown(const DomainTable& table);
+nlohmann::json domain_table_json(const DomainTable& table);
+// Grouped bars, one group per domain, one bar per model: <dir>/domain-table.png (gnuplot data and script beside it).
+// Returns the PNG's path; throws slm::Error when gnuplot is missing or fails.
+std::string plot_domain_table(const DomainTable& table, const std::string& dir);
+
+}  // namespace slm::eval

@@ -1,0 +1,119 @@
+// The per-domain table (slm/eval/domain_table.h): the oracle route, the pooled rows and the bold minimum against
+// hand-computed values; refusals; and `slm eval domains` end to end on two tiny CPU runs, whose cells equal what
+// `slm eval --json` reports for each run alone, with its Markdown, JSON and PNG outputs.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <cmath>
+
+#include "data/data_test_util.h"
+#include "slm/eval/domain_table.h"
+#include "test_util.h"
+#include "train/train_test_util.h"
+
+namespace slm::test {
+namespace {
+
+// A score with loss (nats per token) over `tokens` targets that decode to `bytes` bytes: bpb follows from them.
+train::DomainScore score(double loss, int64_t tokens, double bytes) {
+  train::DomainScore s;
+  s.loss = loss;
+  s.tokens = tokens;
+  s.bytes = bytes;
+  s.bpb = loss * static_cast<double>(tokens) / std::log(2.0) / bytes;
+  return s;
+}
+
+TEST(DomainTable, OracleRoutePooledRowsAndTheBestOfEachRow) {
+  // cpp: 100 tokens, 400 bytes; cmake: 50 tokens, 150 bytes.
+  const std::vector<std::pair<std::string, eval::DomainScores>> scores = {
+      {"cpp-spec", {{"cpp", score(1.0, 100, 400)}, {"cmake", score(3.0, 50, 150)}}},
+      {"cmake-spec", {{"cpp", score(2.0, 100, 400)}, {"cmake", score(0.5, 50, 150)}}},
+      {"generalist", {{"cpp", score(1.2, 100, 400)}, {"cmake", score(1.0, 50, 150)}}},
+  };
+  const auto t = eval::make_domain_table(scores, {{"cpp-spec", {"cpp"}}, {"cmake-spec", {"cmake", "shell"}}});
+  EXPECT_TRUE(t.bpb);
+  EXPECT_EQ(t.domains, (std::vector<std::string>{"cmake", "cpp"}));
+  EXPECT_EQ(t.oracle.at("cpp"), "cpp-spec");
+  EXPECT_EQ(t.oracle.at("cmake"), "cmake-spec");
+  EXPECT_EQ(t.oracle.count("shell"), 0u);  // no such domain in the data
+
+  // The oracle pools cpp-spec on cpp and cmake-spec on cmake: (1.0*100 + 0.5*50) nats over 550 bytes.
+  const double ln2 = std::log(2.0);
+  EXPECT_NEAR(eval::oracle_pooled(t).bpb, 125.0 / ln2 / 550.0, 1e-12);
+  // The generalist's pooled: (1.2*100 + 1.0*50) nats over 550 bytes.
+  EXPECT_NEAR(eval::pooled_scores(t).at("generalist").bpb, 170.0 / ln2 / 550.0, 1e-12);
+
+  const std::string md = eval::domain_table_markdown(t);
+  char cpp_row[160], all_row[200];
+  std::snprintf(cpp_row, sizeof cpp_row, "| cpp | **%.4f** | %.4f | %.4f | %.4f (cpp-spec) |", 100 / ln2 / 400,
+                200 / ln2 / 400, 120 / ln2 / 400, 100 / ln2 / 400);
+  EXPECT_NE(md.find(cpp_row), std::string::npos) << cpp_row << "\n" << md;
+  // Pooled: cpp-spec (100 + 150) nats, cmake-spec (200 + 25), generalist (120 + 50): the generalist is lowest.
+  std::snprintf(all_row, sizeof all_row, "| all (pooled) | %.4f | %.4f | **%.4f** | %.4f |", 250 / ln2 / 550,
+                225 / ln2 / 550, 170 / ln2 / 550, 125 / ln2 / 550);
+  EXPECT_NE(md.find(all_row), std::string::npos) << all_row << "\n" << md;
+  EXPECT_NE(md.find("| domain | cpp-spec | cmake-spec | generalist | oracle route |"), std::string::npos) << md;
+
+  const auto j = eval::domain_table_json(t);
+  EXPECT_EQ(j["measure"], "bpb");
+  EXPECT_EQ(j["oracle"]["cmake"], "cmake-spec");
+  EXPECT_NEAR(j["oracle_pooled"]["bpb"].get<double>(), 125.0 / ln2 / 550.0, 1e-12);
+}
+
+TEST(DomainTable, WithoutBytesTheLossIsTheMeasureAndAMissingScoreIsADash) {
+  auto a = score(1.0, 10, 40), b = score(2.0, 10, 40);
+  b.bpb = std::nan("");
+  const auto t = eval::make_domain_table({{"a", {{"x", a}, {"y", a}}}, {"b", {{"x", b}}}});
+  EXPECT_FALSE(t.bpb);
+  const std::string md = eval::domain_table_markdown(t);
+  EXPECT_NE(md.find("| y | **1.0000** | — |"), std::string::npos) << md;
+  EXPECT_NE(md.find("Loss in nats per token"), std::string::npos) << md;
+  EXPECT_EQ(md.find("oracle"), std::string::npos) << "no routes, no oracle column\n" << md;
+}
+
+TEST(DomainTable, RefusesRepeatedModelsAndRoutesOfNoModel) {
+  const auto s = score(1.0, 10, 40);
+  EXPECT_THROW(eval::make_domain_table({{"a", {{"x", s}}}, {"a", {{"x", s}}}}), Error);
+  EXPECT_THROW(eval::make_domain_table({{"a", {{"x", s}}}}, {{"b", {"x"}}}), Error);
+}
+
+TEST(DomainTableCli, TwoRunsScoredOnTheSameWindowsAsSlmEvalAlone) {
+  const std::string dir = fresh_dir("domain_table"), data = dir + "/shards";
+  ::mkdir(data.c_str(), 0755);
+  write_counting_shards(data, "count", 48, 48, 11);
+  write_counting_shards(data, "other", 48, 48, 12);
+  const std::string recipe = write_recipe(dir, micro_hybrid_json());
+  for (const char* run : {"a", "b"}) {
+    auto r = run_slm("train --recipe " + recipe + " --data " + data + " --out " + dir + "/" + run +
+                     " --steps 3 --batch 2 --seq-len 16 --seed " + (std::string(run) == "a" ? "1" : "2") +
+                     " --warmup 1 --eval-every 0 --threads 1 --tokenizer none");
+    ASSERT_EQ(r.code, 0) << r.out;
+  }
+  const std::string out = dir + "/report";
+  auto r = run_slm("eval domains --model a=" + dir + "/a --model b=" + dir + "/b --routes a=count --data " + data +
+                   " --tokenizer none --batch 2 --seq-len 16 --batches 2 --threads 1 --out " + out);
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("| domain | a | b | oracle route |"), std::string::npos) << r.out;
+  for (const char* f : {"/domain-table.md", "/domain-table.json", "/domain-table.png"}) {
+    struct stat st {};
+    EXPECT_EQ(::stat((out + f).c_str(), &st), 0) << f;
+    EXPECT_GT(st.st_size, 0) << f;
+  }
+  const auto table = nlohmann::json::parse(read_file(out + "/domain-table.json"));
+  EXPECT_EQ(table["measure"], "loss");
+  EXPECT_EQ(table["oracle"]["count"], "a");
+  for (const char* run : {"a", "b"}) {
+    auto alone =
+        run_slm("eval --checkpoint " + dir + "/" + run + " --data " + data +
+                " --domains count,other --tokenizer none --batch 2 --seq-len 16 --batches 2 --threads 1 --json");
+    ASSERT_EQ(alone.code, 0) << alone.out;
+    const auto j = nlohmann::json::parse(alone.out.substr(alone.out.find('{')));
+    for (const char* d : {"count", "other"})
+      EXPECT_DOUBLE_EQ(table["scores"][run][d]["loss"].get<double>(), j["domains"][d]["loss"].get<double>())
+          << run << " " << d;
+  }
+}
+
+}  // namespace
+}  // namespace slm::test
