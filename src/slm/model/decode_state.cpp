@@ -48,6 +48,31 @@ void TokenCache::rollback(int64_t n) {
   length_ -= n;
 }
 
+std::unique_ptr<LayerCache> TokenCache::view_rows(int64_t begin, int64_t count) {
+  auto v = std::make_unique<TokenCache>(capacity_, max_rollback_);
+  for (const auto& s : streams_) v->streams_.push_back({s.storage.narrow(0, begin, count), s.time_dim});
+  if (positions_.defined()) v->positions_ = positions_.narrow(0, begin, count);
+  v->length_ = length_;
+  return v;
+}
+
+void TokenCache::copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t tokens) {
+  const auto* from = dynamic_cast<const TokenCache*>(&src);
+  if (!from || from->streams_.size() != streams_.size())
+    throw Error("attention cache: copy_row from a cache of another layer");
+  if (tokens < 0 || tokens > capacity_ || tokens > from->capacity_)
+    throw Error("attention cache: cannot copy " + std::to_string(tokens) + " tokens into a capacity of " +
+                std::to_string(capacity_));
+  for (size_t i = 0; i < streams_.size(); ++i) {
+    const auto &d = streams_[i], &f = from->streams_[i];
+    if (src_row < 0 || src_row >= f.storage.size(0) || dst_row < 0 || dst_row >= d.storage.size(0))
+      throw Error("attention cache: copy_row of rows outside the batch");
+    d.storage.narrow(0, dst_row, 1)
+        .narrow(d.time_dim, 0, tokens)
+        .copy_(f.storage.narrow(0, src_row, 1).narrow(f.time_dim, 0, tokens));
+  }
+}
+
 int64_t TokenCache::elements_per_token() const {
   int64_t n = 0;
   for (const auto& s : streams_) n += s.storage.numel() / (capacity_ * s.storage.size(0));
@@ -62,6 +87,7 @@ void DecodeState::rollback(int64_t n) {
                 std::to_string(max_rollback));
   for (auto& c : layers)
     if (c) c->rollback(n);
+  if (positions.defined()) positions.sub_(n);
   length -= n;
 }
 
@@ -86,6 +112,41 @@ void DecodeState::shift_length(int64_t n) {
   for (auto& c : layers)
     if (c) c->shift_length(n);
   length += n;
+}
+
+}  // namespace slm::model
+
+namespace slm::model {
+
+DecodeState DecodeState::view_rows(int64_t begin, int64_t count) {
+  if (begin < 0 || count < 1 || begin + count > batch())
+    throw Error("decode state: rows " + std::to_string(begin) + ".." + std::to_string(begin + count - 1) +
+                " are outside its batch of " + std::to_string(batch()));
+  DecodeState v;
+  for (auto& c : layers) v.layers.push_back(c ? c->view_rows(begin, count) : nullptr);
+  v.tokens = tokens.narrow(0, begin, count);
+  if (hidden.defined()) v.hidden = hidden.narrow(0, begin, count);
+  if (positions.defined()) v.positions = positions.narrow(0, begin, count);
+  v.length = length;
+  v.max_rollback = max_rollback;
+  return v;
+}
+
+void DecodeState::copy_row(const DecodeState& src, int64_t src_row, int64_t dst_row, int64_t n) {
+  if (src.layers.size() != layers.size()) throw Error("decode state: copy_row from a state of another model");
+  if (src_row < 0 || src_row >= src.batch() || dst_row < 0 || dst_row >= batch())
+    throw Error("decode state: copy_row of rows outside the batch");
+  if (n < 0 || n > src.capacity() || n > capacity())
+    throw Error("decode state: cannot copy " + std::to_string(n) + " tokens into a capacity of " +
+                std::to_string(capacity()));
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (!layers[l] != !src.layers[l]) throw Error("decode state: copy_row from a state of another model");
+    if (layers[l]) layers[l]->copy_row(*src.layers[l], src_row, dst_row, n);
+  }
+  tokens.select(0, dst_row).narrow(0, 0, n).copy_(src.tokens.select(0, src_row).narrow(0, 0, n));
+  if (hidden.defined() && src.hidden.defined())
+    hidden.select(0, dst_row).narrow(0, 0, n).copy_(src.hidden.select(0, src_row).narrow(0, 0, n));
+  if (positions.defined()) positions.narrow(0, dst_row, 1).fill_(n);
 }
 
 }  // namespace slm::model

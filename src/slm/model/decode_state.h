@@ -12,8 +12,10 @@ namespace slm::model {
 
 // The per-token tensors of one attention layer: keys and values (GQA), latents and RoPE keys (MLA), the DSA
 // indexer's keys. Each stream is preallocated with the capacity along its time dim; rollback only moves the
-// counter. positions (DecodeState::positions, shared by every layer) is the same count per row on the device, which
-// a decode step that must not read the host (a CUDA graph) writes and attends by.
+// counter. positions (DecodeState::positions, shared by every layer) holds each row's count on the device, which a
+// decode step writes and attends by: the host's length is the same for every row, the positions are per row (rows of
+// a continuous-batching pool hold sequences of different lengths) and a step that must not read the host (a CUDA
+// graph) needs no host value.
 class TokenCache : public LayerCache {
  public:
   TokenCache(int64_t capacity, int64_t max_rollback) : capacity_(capacity), max_rollback_(max_rollback) {}
@@ -31,6 +33,8 @@ class TokenCache : public LayerCache {
   torch::Tensor write_step(int slot, const torch::Tensor& x);
   void advance(int64_t t);
   void shift_length(int64_t n) override { length_ += n; }
+  std::unique_ptr<LayerCache> view_rows(int64_t begin, int64_t count) override;
+  void copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t tokens) override;
   void set_positions(torch::Tensor positions) { positions_ = std::move(positions); }
   const torch::Tensor& positions() const { return positions_; }
   // Elements stored per token and sequence over all streams (the KV-cache footprint of the layer).
@@ -64,6 +68,12 @@ struct DecodeState {
   void push(const torch::Tensor& new_tokens, const torch::Tensor& new_hidden);
   // Moves every counter by n (LayerCache::shift_length): for the driver of a CUDA graph of a decode step.
   void shift_length(int64_t n);
+  // Rows [begin, begin + count) as a state of their own that shares this one's memory (LayerCache::view_rows),
+  // with the same counters.
+  DecodeState view_rows(int64_t begin, int64_t count);
+  // Row src_row of src (a state of the same model, `tokens` <= src.capacity() tokens long) into row dst_row of this
+  // one: every cache (LayerCache::copy_row), the token and hidden history, and positions[dst_row] = tokens.
+  void copy_row(const DecodeState& src, int64_t src_row, int64_t dst_row, int64_t tokens);
 };
 
 }  // namespace slm::model

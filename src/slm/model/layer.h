@@ -21,6 +21,16 @@ class LayerCache {
   // Moves the token counter by n and nothing else: a replayed CUDA graph advanced the tensors without running the
   // host code that counts (n > 0), or a capture ran that code without advancing them (n < 0).
   virtual void shift_length(int64_t n) = 0;
+  // Continuous batching (engine/batch_engine.h) keeps each sequence in one row of a pooled cache and steps a
+  // leading run of rows at a time through these two.
+  // A cache over rows [begin, begin + count) of this one that shares its memory (what a step writes through the view
+  // lands here) and starts with the same counters. It never replaces a buffer, so it stays valid as long as this
+  // cache's buffers do.
+  virtual std::unique_ptr<LayerCache> view_rows(int64_t begin, int64_t count) = 0;
+  // Copies the first `tokens` tokens (a token cache) or the state (a recurrent cache) of row src_row of src, a cache
+  // the same layer made (any batch and capacity), into row dst_row of this one; the counters do not move. Throws
+  // slm::Error for a cache of another kind or rows, tokens out of range.
+  virtual void copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t tokens) = 0;
 };
 
 class Layer : public torch::nn::Module {

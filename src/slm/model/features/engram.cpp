@@ -258,4 +258,17 @@ void load_engram_tables(HybridLM& model, const std::string& path) {
   }
 }
 
+std::unique_ptr<LayerCache> EngramLayerCache::view_rows(int64_t begin, int64_t count) {
+  auto v = std::make_unique<EngramLayerCache>(layer ? layer->view_rows(begin, count) : nullptr, EngramState{}, 0);
+  v->engram = std::move(*static_cast<EngramCache*>(engram.view_rows(begin, count).get()));
+  return v;
+}
+
+void EngramLayerCache::copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t tokens) {
+  const auto* from = dynamic_cast<const EngramLayerCache*>(&src);
+  if (!from || !from->layer != !layer) throw Error("Engram layer cache: copy_row from a cache of another layer");
+  if (layer) layer->copy_row(*from->layer, src_row, dst_row, tokens);
+  engram.copy_row(from->engram, src_row, dst_row, tokens);
+}
+
 }  // namespace slm::model

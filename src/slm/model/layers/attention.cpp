@@ -33,7 +33,7 @@ AttentionImpl::AttentionImpl(const Recipe& r, const LayerPlan& plan, const torch
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache, const Documents* docs) {
   const int64_t b = h.size(0), t = h.size(1);
-  if (cache && t == 1 && h.is_cuda() && !indexer && cache->positions().defined()) return step_on_device(h, *cache);
+  if (cache && t == 1 && !indexer && cache->positions().defined()) return step_on_device(h, *cache);
   const auto pos = positions(h, cache, docs);
   auto q = rope(wq(h).view({b, t, heads, head_dim}), pos);
   auto k = rope(wk(h).view({b, t, kv_heads, head_dim}), pos);

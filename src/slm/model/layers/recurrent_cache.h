@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,34 @@ class RecurrentCache : public LayerCache {
 
   void shift_length(int64_t n) override { length_ += n; }
 
+  std::unique_ptr<LayerCache> view_rows(int64_t begin, int64_t count) override {
+    auto rows = [&](State s) {
+      for (at::Tensor* t : s.tensors())
+        if (t->defined()) *t = t->narrow(0, begin, count);
+      return s;
+    };
+    auto v = std::make_unique<RecurrentCache>(rows(state_), max_rollback_);
+    for (auto& h : history_) v->history_.push_back(rows(h));
+    v->length_ = length_;
+    v->view_ = true;
+    return v;
+  }
+
+  void copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t) override {
+    const auto* from = dynamic_cast<const RecurrentCache*>(&src);
+    if (!from) throw Error("recurrent layer cache: copy_row from a cache of another layer");
+    State s = from->state_;
+    auto d = state_.tensors();
+    auto f = s.tensors();
+    for (size_t i = 0; i < d.size(); ++i) {
+      if (d[i]->defined() != f[i]->defined()) throw Error("recurrent layer cache: copy_row between unlike states");
+      if (!d[i]->defined()) continue;
+      if (src_row < 0 || src_row >= f[i]->size(0) || dst_row < 0 || dst_row >= d[i]->size(0))
+        throw Error("recurrent layer cache: copy_row of rows outside the batch");
+      d[i]->select(0, dst_row).copy_(f[i]->select(0, src_row));
+    }
+  }
+
   void rollback(int64_t n) override {
     if (n == 0) return;
     const auto kept = static_cast<int64_t>(history_.size());
@@ -61,13 +90,16 @@ class RecurrentCache : public LayerCache {
       if (t->defined()) *t = t->clone();
     return c;
   }
-  static void assign(State& dst, State& src) {
+  // A view (view_rows) always copies into its buffers, which are another cache's memory.
+  void assign(State& dst, State& src) const {
     auto d = dst.tensors();
     auto s = src.tensors();
     for (size_t i = 0; i < d.size(); ++i) {
       if (d[i]->defined() && s[i]->defined() && d[i]->sizes() == s[i]->sizes() &&
-          d[i]->scalar_type() == s[i]->scalar_type() && d[i]->device() == s[i]->device()) {
+          (view_ || (d[i]->scalar_type() == s[i]->scalar_type() && d[i]->device() == s[i]->device()))) {
         if (!d[i]->is_same(*s[i])) d[i]->copy_(*s[i]);
+      } else if (view_) {
+        throw Error("recurrent layer cache: a row view cannot take a state of another shape");
       } else {
         *d[i] = *s[i];
       }
@@ -78,6 +110,7 @@ class RecurrentCache : public LayerCache {
   std::deque<State> history_;  // history_[i]: the state before token length_ - history_.size() + i
   int64_t max_rollback_;
   int64_t length_ = 0;
+  bool view_ = false;
 };
 
 // Runs h [B, T, ...] through run(part, state) -> (output, next state) and advances the cache, stepping the last
