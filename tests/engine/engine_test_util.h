@@ -36,7 +36,9 @@ inline std::vector<int64_t> greedy_reference(model::HybridLM& m, const std::vect
                                              const std::vector<int64_t>& banned, const std::vector<int64_t>& stop) {
   torch::NoGradGuard ng;
   auto state = m.new_state(1, static_cast<int64_t>(prompt.size()) + max_tokens);
-  auto logits = m.prefill(torch::tensor(prompt, torch::kLong).unsqueeze(0), state).select(1, prompt.size() - 1);
+  const auto device = m.embed->weight.device();
+  auto logits =
+      m.prefill(torch::tensor(prompt, torch::kLong).unsqueeze(0).to(device), state).select(1, prompt.size() - 1);
   std::vector<int64_t> out;
   for (int64_t i = 0; i < max_tokens; ++i) {
     auto l = logits.clone();
@@ -44,7 +46,7 @@ inline std::vector<int64_t> greedy_reference(model::HybridLM& m, const std::vect
     const int64_t id = l.argmax(-1).item<int64_t>();
     if (std::find(stop.begin(), stop.end(), id) != stop.end()) break;
     out.push_back(id);
-    logits = m.decode(torch::tensor({id}, torch::kLong), state);
+    logits = m.decode(torch::tensor({id}, torch::kLong).to(device), state);
   }
   return out;
 }

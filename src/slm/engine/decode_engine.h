@@ -1,7 +1,8 @@
 #pragma once
-// The first Engine: one worker thread per engine, one request at a time, through the model's own prefill + cached
-// decode loop (engine::generate, or generate_mixture for a mixture of models) on the device the model lives on (CPU
-// or CUDA; decode steps replay a CUDA graph where allowed). Requests wait in a bounded FIFO queue.
+// Engines over the model's own prefill + cached decode: one worker thread per engine on the device the model lives on
+// (CPU or CUDA; decode steps replay a CUDA graph where allowed), requests waiting in a bounded FIFO queue. Either
+// continuous batching (batch_engine.h) or one request at a time through engine::generate (generate_mixture for a
+// mixture of models, and for models whose rows cannot decode at different lengths).
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -18,6 +19,12 @@ struct DecodeEngineOptions {
   std::vector<int64_t> banned_ids;  // never sampled (a tokenizer's control tokens, ids past its vocabulary)
   size_t max_queue = 64;            // waiting requests beyond this are refused with QueueFull
   int64_t context_length = 0;       // 0: the recipe's seq_len
+  int64_t slots = 8;                // sequences generated at once (continuous batching, batch_engine.h); 1: in turn
+  int64_t prefill_chunk = 512;      // prompt tokens per prefill step; the running sequences step between chunks
+  bool cuda_graph = true;           // replay decode steps from CUDA graphs where graph_decode_blocker allows
+  // Continuous batching keeps the states of recent prompts (at every prefill_chunk boundary and at the end) for
+  // later prompts that start with the same tokens, up to this many tokens in all (least recently used go first).
+  int64_t prefix_cache_tokens = 8192;
 };
 
 // A model as engines share it: a generation holds `in_use` for its whole length, so engines over the same model (a
@@ -27,8 +34,9 @@ struct EngineModel {
   std::shared_ptr<std::mutex> in_use = std::make_shared<std::mutex>();
 };
 
-// The engine owns a share of the model and is its only user while it lives. Throws slm::Error for banned ids
-// outside the vocabulary.
+// The engine owns a share of the model and is its only user while it lives: the continuous-batching engine
+// (batch_engine.h) when options.slots > 1 and the model allows it (batch_decode_blocker), else one request at a time.
+// Throws slm::Error for banned ids outside the vocabulary.
 std::unique_ptr<Engine> make_decode_engine(std::shared_ptr<model::HybridLM> model, DecodeEngineOptions options);
 std::unique_ptr<Engine> make_decode_engine(EngineModel model, DecodeEngineOptions options);
 

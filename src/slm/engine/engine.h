@@ -48,8 +48,9 @@ struct Callbacks {
 using RequestId = uint64_t;
 
 struct Stats {
-  int64_t queued = 0;   // accepted, not started
-  int64_t running = 0;  // being generated
+  int64_t queued = 0;                // accepted, not started
+  int64_t running = 0;               // being generated
+  int64_t reused_prompt_tokens = 0;  // since the start: prompt tokens whose state was restored, not computed
 };
 
 // submit() when the engine's queue is full: the caller should retry later (HTTP 503).

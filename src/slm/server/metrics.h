@@ -28,7 +28,8 @@ class Histogram {
 struct EngineGauges {
   std::string specialist;
   int64_t queued = 0, running = 0;
-  int64_t weight_bytes = 0;  // Specialist::weight_bytes
+  int64_t weight_bytes = 0;          // Specialist::weight_bytes
+  int64_t reused_prompt_tokens = 0;  // engine::Stats::reused_prompt_tokens
 };
 
 // Memory of this process: resident set (/proc/self/statm; 0 where unreadable) and, in CUDA builds with a GPU in use,

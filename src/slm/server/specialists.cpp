@@ -63,6 +63,7 @@ void Specialists::add(std::string name, std::shared_ptr<model::HybridLM> m, std:
   engine::DecodeEngineOptions eo;
   eo.banned_ids = s->chat->banned_ids(vocab);
   eo.max_queue = o.max_queue;
+  eo.slots = o.slots;
   s->model = engine::EngineModel{std::move(m)};
   s->engine = engine::make_decode_engine(s->model, eo);
   max_queue_ = o.max_queue;

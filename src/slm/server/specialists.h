@@ -41,6 +41,7 @@ struct LoadOptions {
   bool allow_random_weights = false;  // serve a specialist without a checkpoint (tests, smoke runs)
   uint64_t seed = 0;                  // the random weights' seed (specialist i of a manifest: seed + i)
   size_t max_queue = 64;              // waiting requests per specialist
+  int64_t slots = 8;                  // sequences each specialist generates at once (continuous batching)
 };
 
 // The router's choice: specialists by probability (the mass of the labels each answers, renormalised over the

@@ -1,0 +1,329 @@
+#include "slm/engine/batch_engine.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <deque>
+#include <limits>
+#include <list>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "slm/engine/graph_decoder.h"
+#include "slm/engine/queued_engine.h"
+#include "slm/model/hybrid_lm.h"
+#include "slm/model/layers/attention.h"
+#include "slm/model/sampler.h"
+
+namespace slm::engine {
+
+std::string batch_decode_blocker(const model::HybridLM& m) {
+  for (const auto& l : m.layers()) {
+    if (auto* a = dynamic_cast<const model::AttentionLayer*>(l.get())) {
+      if (a->mla) return "MLA attention reads its cache by the host's length";
+      if (a->indexer()) return "DSA attention selects keys by the host's length";
+    }
+  }
+  return "";
+}
+
+namespace {
+
+// One request from its admission to its end.
+struct Sequence {
+  std::shared_ptr<Job> job;
+  model::Sampler sampler;
+  std::optional<model::DecodeState> prompt_state;  // while the prompt goes in: its own state, one row
+  int64_t prefilled = 0;                           // prompt tokens in
+  int64_t length = 0;                              // tokens in its pool row
+  int64_t next = 0;                                // the token its next decode step consumes
+  Result result;
+};
+
+// A prompt's state kept for later prompts that start with the same tokens.
+struct SavedPrefix {
+  std::vector<int64_t> tokens;
+  model::DecodeState state;  // one row holding exactly `tokens`, its counters at their count
+  torch::Tensor logits;      // [1, V]: the next-token logits after them
+  uint64_t used = 0;         // when it was last saved or restored (least recently used go first)
+};
+
+// A decode step of a run of leading rows: a view of the pool and, where allowed, the CUDA graph of a step on it.
+struct Bucket {
+  model::DecodeState rows;
+  std::unique_ptr<GraphDecoder> graph;
+};
+
+class BatchEngine final : public QueuedEngine {
+ public:
+  BatchEngine(EngineModel model, DecodeEngineOptions o, int64_t vocab, int64_t context)
+      : QueuedEngine(std::move(o), vocab, context, 1), model_(std::move(model)) {
+    if (options_.slots < 1) throw Error("engine: slots must be at least 1");
+    if (options_.prefill_chunk < 1) throw Error("engine: prefill_chunk must be at least 1");
+    auto& m = *model_.model;
+    device_ = m.embed->weight.device();
+    banned_device_ = banned_.to(device_);
+    {
+      std::lock_guard turn(*model_.in_use);
+      torch::NoGradGuard no_grad;
+      pool_ = m.new_state(options_.slots, context_);
+      // One step on the whole pool gives every recurrent buffer the dtype a step leaves (a zero state may differ);
+      // afterwards the pool's buffers stay where they are, which the row views and CUDA graphs rely on.
+      m.decode(torch::zeros({options_.slots}, torch::TensorOptions().dtype(torch::kLong).device(device_)), pool_);
+      pool_.shift_length(-pool_.length);
+    }
+    graphs_ = options_.cuda_graph && graph_decode_blocker(m, pool_).empty();
+    start();
+  }
+  ~BatchEngine() override { stop(); }
+
+ private:
+  void work() override {
+    std::vector<std::shared_ptr<Job>> taken;
+    const auto slots = static_cast<size_t>(options_.slots);
+    while (take(slots - rows_.size() - prefilling_.size(), !rows_.empty() || !prefilling_.empty(), taken)) {
+      for (auto& job : taken) {
+        const auto& s = job->request.sampling;
+        Sequence q{job, model::Sampler({s.temperature, s.top_k, s.top_p, s.seed})};
+        q.result.prompt_tokens = static_cast<int64_t>(job->request.prompt.size());
+        prefilling_.push_back(std::move(q));
+      }
+      taken.clear();
+      drop_cancelled();
+      if (!prefilling_.empty()) prefill_chunk();
+      if (!rows_.empty()) decode_step();
+    }
+  }
+
+  // Ends q with result.finish = f (and error).
+  void end(Sequence& q, Finish f, const std::string& error = "") {
+    q.result.finish = f;
+    q.result.error = error;
+    finish(q.job, q.result);
+  }
+
+  // Hands id to q's client. Returns false when q has ended (cancelled, a stop id, max_tokens reached).
+  bool deliver(Sequence& q, int64_t id) {
+    const Request& r = q.job->request;
+    if (q.job->cancelled) {
+      end(q, Finish::kCancelled);
+      return false;
+    }
+    if (std::find(r.stop_ids.begin(), r.stop_ids.end(), id) != r.stop_ids.end()) {
+      end(q, Finish::kStop);
+      return false;
+    }
+    ++q.result.completion_tokens;
+    if (q.job->callbacks.on_token) q.job->callbacks.on_token(id);
+    if (q.result.completion_tokens == r.max_tokens) {
+      end(q, Finish::kLength);
+      return false;
+    }
+    return true;
+  }
+
+  // Row r leaves the pool: the last running row moves into it.
+  void remove_row(size_t r) {
+    const size_t last = rows_.size() - 1;
+    if (r != last) {
+      pool_.copy_row(pool_, static_cast<int64_t>(last), static_cast<int64_t>(r), rows_[last].length);
+      rows_[r] = std::move(rows_[last]);
+    }
+    rows_.pop_back();
+  }
+
+  void drop_cancelled() {
+    for (size_t i = prefilling_.size(); i-- > 0;)
+      if (prefilling_[i].job->cancelled) {
+        end(prefilling_[i], Finish::kCancelled);
+        prefilling_.erase(prefilling_.begin() + static_cast<std::ptrdiff_t>(i));
+      }
+    for (size_t r = rows_.size(); r-- > 0;)
+      if (rows_[r].job->cancelled) {
+        end(rows_[r], Finish::kCancelled);
+        remove_row(r);
+      }
+  }
+
+  // The longest saved prefix of q's prompt restored into q's new prompt state; returns its logits when it is the
+  // whole prompt.
+  torch::Tensor restore_prefix(Sequence& q) {
+    const auto& prompt = q.job->request.prompt;
+    SavedPrefix* best = nullptr;
+    for (auto& s : saved_)
+      if (s.tokens.size() <= prompt.size() && (!best || s.tokens.size() > best->tokens.size()) &&
+          std::equal(s.tokens.begin(), s.tokens.end(), prompt.begin()))
+        best = &s;
+    if (!best) return {};
+    const auto k = static_cast<int64_t>(best->tokens.size());
+    q.prompt_state->copy_row(best->state, 0, 0, k);
+    q.prompt_state->shift_length(k);
+    q.prefilled = k;
+    best->used = ++clock_;
+    reused_prompt_tokens_ += k;  // counted once the state is in place
+    return k == static_cast<int64_t>(prompt.size()) ? best->logits : torch::Tensor();
+  }
+
+  // Keeps q's state after its first q.prefilled prompt tokens (logits: what follows them).
+  void save_prefix(const Sequence& q, const torch::Tensor& logits) {
+    const int64_t k = q.prefilled, budget = options_.prefix_cache_tokens;
+    if (k > budget) return;
+    const auto& prompt = q.job->request.prompt;
+    for (auto& s : saved_)
+      if (static_cast<int64_t>(s.tokens.size()) == k && std::equal(s.tokens.begin(), s.tokens.end(), prompt.begin())) {
+        s.used = ++clock_;
+        return;
+      }
+    while (saved_tokens_ + k > budget) {
+      auto lru = std::min_element(saved_.begin(), saved_.end(),
+                                  [](const SavedPrefix& a, const SavedPrefix& b) { return a.used < b.used; });
+      saved_tokens_ -= static_cast<int64_t>(lru->tokens.size());
+      saved_.erase(lru);
+    }
+    SavedPrefix s{std::vector<int64_t>(prompt.begin(), prompt.begin() + k), model_.model->new_state(1, k),
+                  logits.clone(), ++clock_};
+    s.state.copy_row(*q.prompt_state, 0, 0, k);
+    s.state.shift_length(k);
+    saved_tokens_ += k;
+    saved_.push_back(std::move(s));
+  }
+
+  // The next chunk of the oldest prompt; once it is all in, the first token and a row in the pool. A prompt starts
+  // from the longest saved state of its first tokens; chunks end at multiples of prefill_chunk (so a prompt
+  // restored at such a boundary runs exactly the chunks it would run without the cache), where the state is saved.
+  void prefill_chunk() {
+    auto& m = *model_.model;
+    Sequence& q = prefilling_.front();
+    const auto& prompt = q.job->request.prompt;
+    const auto n = static_cast<int64_t>(prompt.size());
+    const int64_t step = options_.prefill_chunk;
+    int64_t id = 0;
+    try {
+      std::lock_guard turn(*model_.in_use);
+      torch::NoGradGuard no_grad;
+      torch::Tensor logits;
+      if (!q.prompt_state) {
+        q.prompt_state = m.new_state(1, n);
+        if (options_.prefix_cache_tokens > 0) logits = restore_prefix(q);
+      }
+      if (!logits.defined()) {
+        const int64_t end = std::min(n, (q.prefilled / step + 1) * step);
+        const auto ids =
+            torch::tensor(std::vector<int64_t>(prompt.begin() + q.prefilled, prompt.begin() + end), torch::kLong)
+                .unsqueeze(0)
+                .to(device_);
+        logits = m.prefill_last(ids, *q.prompt_state);
+        q.prefilled = end;
+        if (options_.prefix_cache_tokens > 0) save_prefix(q, logits);
+      }
+      if (q.prefilled < n) return;
+      id =
+          q.sampler.sample(logits.masked_fill(banned_device_, -std::numeric_limits<float>::infinity())).item<int64_t>();
+      if (q.job->request.max_tokens > 1 && !q.job->cancelled) {
+        pool_.copy_row(*q.prompt_state, 0, static_cast<int64_t>(rows_.size()), n);
+        q.length = n;
+      }
+    } catch (const std::exception& e) {
+      end(q, Finish::kError, e.what());
+      prefilling_.pop_front();
+      return;
+    }
+    q.prompt_state.reset();
+    q.next = id;
+    if (deliver(q, id)) rows_.push_back(std::move(q));
+    prefilling_.pop_front();
+  }
+
+  // The leading rows' view (all running rows, rounded up to a power of two when steps replay graphs).
+  Bucket& bucket(int64_t running) {
+    int64_t size = running;
+    if (graphs_) {
+      size = 1;
+      while (size < running) size *= 2;
+      size = std::min(size, options_.slots);
+    }
+    auto& b = buckets_[size];
+    if (!b) {
+      b = std::make_unique<Bucket>(Bucket{pool_.view_rows(0, size), nullptr});
+      if (graphs_) b->graph = std::make_unique<GraphDecoder>(*model_.model, b->rows);
+    }
+    return *b;
+  }
+
+  // One token for every running row.
+  void decode_step() {
+    auto& m = *model_.model;
+    const auto running = static_cast<int64_t>(rows_.size());
+    std::vector<int64_t> ids;
+    try {
+      std::lock_guard turn(*model_.in_use);
+      torch::NoGradGuard no_grad;
+      Bucket& b = bucket(running);
+      const int64_t size = b.rows.batch();
+      // Rows past the running ones (a graph's bucket) step too, at position 0 of a free row, and are ignored.
+      std::vector<int64_t> lengths(static_cast<size_t>(size), 0), tokens(static_cast<size_t>(size), 0);
+      for (int64_t r = 0; r < running; ++r) {
+        lengths[static_cast<size_t>(r)] = rows_[static_cast<size_t>(r)].length;
+        tokens[static_cast<size_t>(r)] = rows_[static_cast<size_t>(r)].next;
+      }
+      b.rows.positions.copy_(torch::tensor(lengths, torch::kLong));
+      // The host's counters mean nothing in a pool (every row has its own length on the device); zero keeps the
+      // capacity checks, which the lengths already passed at submit, from tripping.
+      b.rows.shift_length(-b.rows.length);
+      const auto token = torch::tensor(tokens, torch::kLong).to(device_);
+      auto logits = (b.graph ? b.graph->step(token) : m.decode(token, b.rows)).narrow(0, 0, running);
+      logits = logits.masked_fill(banned_device_, -std::numeric_limits<float>::infinity());
+      ids = sample(logits);
+    } catch (const std::exception& e) {
+      for (auto& q : rows_) end(q, Finish::kError, e.what());
+      rows_.clear();
+      return;
+    }
+    for (size_t r = rows_.size(); r-- > 0;) {
+      auto& q = rows_[r];
+      ++q.length;
+      q.next = ids[r];
+      if (!deliver(q, ids[r])) remove_row(r);
+    }
+  }
+
+  // Each row's next token by its own sampler; the greedy rows together, with one read from the device.
+  std::vector<int64_t> sample(const torch::Tensor& logits) {
+    std::vector<int64_t> ids(rows_.size());
+    torch::Tensor greedy;
+    for (size_t r = 0; r < rows_.size(); ++r) {
+      if (rows_[r].job->request.sampling.temperature == 0.0) {
+        if (!greedy.defined()) greedy = logits.argmax(-1).cpu();
+        ids[r] = greedy[static_cast<int64_t>(r)].item<int64_t>();
+      } else {
+        ids[r] = rows_[r].sampler.sample(logits.narrow(0, static_cast<int64_t>(r), 1)).item<int64_t>();
+      }
+    }
+    return ids;
+  }
+
+  EngineModel model_;
+  torch::Device device_{torch::kCPU};
+  torch::Tensor banned_device_;
+  model::DecodeState pool_;
+  bool graphs_ = false;
+  std::map<int64_t, std::unique_ptr<Bucket>> buckets_;
+  std::list<SavedPrefix> saved_;
+  int64_t saved_tokens_ = 0;
+  uint64_t clock_ = 0;
+  std::deque<Sequence> prefilling_;
+  std::vector<Sequence> rows_;  // rows_[r] runs in row r of the pool
+};
+
+}  // namespace
+
+std::unique_ptr<Engine> make_batch_engine(EngineModel model, DecodeEngineOptions options) {
+  if (!model.model) throw Error("engine: no model");
+  if (const std::string why = batch_decode_blocker(*model.model); !why.empty())
+    throw Error("continuous batching: " + why);
+  const auto [vocab, context] = vocab_and_context({model}, options);
+  return std::make_unique<BatchEngine>(std::move(model), std::move(options), vocab, context);
+}
+
+}  // namespace slm::engine

@@ -1,0 +1,256 @@
+// Continuous batching (engine/batch_engine.h) against the model's own one-sequence loop: every request, among others
+// that join and leave at other times, gets exactly the tokens it gets alone; and the pooled state's row primitives.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <fstream>
+#include <mutex>
+
+#include "engine/engine_test_util.h"
+#include "slm/engine/batch_engine.h"
+#include "slm/engine/decode_engine.h"
+
+namespace slm::engine {
+namespace {
+
+// Every family the batch engine runs at toy width: windowed and global attention, Mamba-3 (MIMO), routed + shared
+// experts, M2RNN, dense MLP, Engram, mHC and an MTP module (tiny-full without its MLA and DSA layers).
+nlohmann::json hybrid_json(bool mla = false) {
+  std::ifstream file(test::source_path("recipes/tiny-full.json"));
+  auto j = nlohmann::json::parse(file);
+  j["seq_len"] = 256;
+  j["pattern"] = "AEMFAEMR";
+  j["depth"] = 8;
+  j["attention"]["dsa_enabled"] = false;
+  if (mla) {
+    j["attention"]["mla_layers"] = {0, 4};
+  } else {
+    j["attention"].erase("mla_layers");
+    j["attention"].erase("mla");
+    j["mtp"]["mla"] = false;
+  }
+  j["engram"]["layers"] = {0, 4};
+  j["mhc"]["layers"] = {0, 1, 2, 3};
+  return j;
+}
+
+std::shared_ptr<model::HybridLM> hybrid_model(uint64_t seed, const nlohmann::json& j = hybrid_json(),
+                                              torch::Device device = torch::kCPU) {
+  auto m = std::make_shared<model::HybridLM>(parse_recipe_text(j.dump(), "batch-hybrid.json"),
+                                             torch::TensorOptions().device(device));
+  test::randomize(*m, seed);
+  m->eval();
+  return m;
+}
+
+struct Sink {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int64_t> tokens;
+  std::optional<Result> result;
+  Callbacks callbacks() {
+    return {[this](int64_t t) {
+              std::lock_guard l(mu);
+              tokens.push_back(t);
+            },
+            [this](const Result& r) {
+              std::lock_guard l(mu);
+              result = r;
+              cv.notify_all();
+            }};
+  }
+  Result wait() {
+    std::unique_lock l(mu);
+    cv.wait_for(l, std::chrono::seconds(120), [&] { return result.has_value(); });
+    EXPECT_TRUE(result.has_value());
+    return result.value_or(Result{Finish::kError});
+  }
+};
+
+std::vector<int64_t> prompt_of(int64_t length, uint64_t seed) {
+  auto t = test::random_tokens(1, length, 500, seed);
+  std::vector<int64_t> p(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + length);
+  p[0] = 2;
+  return p;
+}
+
+TEST(BatchEngine, EachOfSixteenRequestsGetsItsTokensAlone) {
+  test::single_threaded();
+  auto m = hybrid_model(11);
+  ASSERT_EQ(batch_decode_blocker(*m), "");
+  // Prompts of 3..33 tokens, 2..24 new tokens: rows join and leave at different steps, so finished rows are replaced
+  // by moved ones, and 5-token chunks put decode steps between the chunks of the longer prompts.
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<int64_t> max_tokens;
+  std::vector<std::vector<int64_t>> expected;
+  for (int i = 0; i < 16; ++i) {
+    prompts.push_back(prompt_of(3 + (i * 7) % 31, 100 + i));
+    max_tokens.push_back(2 + (i * 5) % 23);
+    expected.push_back(test::greedy_reference(*m, prompts.back(), max_tokens.back(), {}, {}));
+  }
+  DecodeEngineOptions o;
+  o.slots = 6;  // fewer slots than requests: the rest wait and join as rows free up
+  o.prefill_chunk = 5;
+  o.max_queue = 16;
+  auto eng = make_batch_engine({m}, o);
+  std::vector<Sink> sinks(16);
+  for (int i = 0; i < 16; ++i) eng->submit({prompts[i], {0.0, 1.0, 0, 0}, max_tokens[i], {}}, sinks[i].callbacks());
+  for (int i = 0; i < 16; ++i) {
+    const auto r = sinks[i].wait();
+    EXPECT_EQ(r.finish, Finish::kLength) << "request " << i << ": " << r.error;
+    EXPECT_EQ(sinks[i].tokens, expected[i]) << "request " << i;
+    EXPECT_EQ(r.completion_tokens, max_tokens[i]);
+  }
+  EXPECT_EQ(eng->stats().running, 0);
+}
+
+TEST(BatchEngine, SampledRequestsRepeatAloneAndAmongOthers) {
+  test::single_threaded();
+  auto m = hybrid_model(12);
+  const auto p = prompt_of(9, 7);
+  const Request sampled{p, {0.9, 0.95, 40, 1234}, 16, {}};
+  // Alone, through the one-at-a-time engine (engine::generate).
+  DecodeEngineOptions serial;
+  serial.slots = 1;
+  Sink alone;
+  auto one = make_decode_engine({m}, serial);
+  one->submit(sampled, alone.callbacks());
+  ASSERT_EQ(alone.wait().finish, Finish::kLength);
+  DecodeEngineOptions o;
+  o.slots = 4;
+  auto eng = make_batch_engine({m}, o);
+  Sink a, b, c, d;
+  eng->submit({prompt_of(20, 8), {1.0, 1.0, 0, 5}, 12, {}}, b.callbacks());
+  eng->submit(sampled, a.callbacks());
+  eng->submit({prompt_of(4, 9), {0.0, 1.0, 0, 0}, 3, {}}, c.callbacks());
+  eng->submit({p, {0.9, 0.95, 40, 1235}, 16, {}}, d.callbacks());
+  for (auto* s : {&a, &b, &c, &d}) EXPECT_EQ(s->wait().finish, Finish::kLength);
+  EXPECT_EQ(a.tokens, alone.tokens);
+  EXPECT_NE(d.tokens, alone.tokens);  // another seed
+}
+
+TEST(BatchEngine, StopIdsAndCancellationFreeTheirRows) {
+  test::single_threaded();
+  auto m = hybrid_model(13);
+  const auto p = prompt_of(6, 3);
+  const auto free_run = test::greedy_reference(*m, p, 10, {}, {});
+  const int64_t stop = free_run[4];
+  const auto until_stop = test::greedy_reference(*m, p, 10, {}, {stop});
+  ASSERT_LT(until_stop.size(), 10u);
+  DecodeEngineOptions o;
+  o.slots = 2;
+  auto eng = make_batch_engine({m}, o);
+  Sink stopped, cancelled, after;
+  eng->submit({p, {0.0, 1.0, 0, 0}, 10, {stop}}, stopped.callbacks());
+  const auto id = eng->submit({prompt_of(5, 4), {0.0, 1.0, 0, 0}, 200, {}}, cancelled.callbacks());
+  EXPECT_EQ(stopped.wait().finish, Finish::kStop);
+  EXPECT_EQ(stopped.tokens, until_stop);
+  eng->cancel(id);
+  EXPECT_EQ(cancelled.wait().finish, Finish::kCancelled);
+  // Both rows are free again: a new request runs and equals its reference.
+  eng->submit({p, {0.0, 1.0, 0, 0}, 10, {}}, after.callbacks());
+  EXPECT_EQ(after.wait().finish, Finish::kLength);
+  EXPECT_EQ(after.tokens, free_run);
+}
+
+// Later prompts that start like an earlier one continue from its saved state (at chunk boundaries and at its end)
+// and still get the tokens the model's own loop gives them; the counter moves only by restored tokens.
+TEST(BatchEngine, PrefixCacheRestoresStatesThatGiveTheSameTokens) {
+  test::single_threaded();
+  auto m = hybrid_model(16);
+  auto run = [&](Engine& eng, const std::vector<int64_t>& prompt) {
+    Sink s;
+    eng.submit({prompt, {0.0, 1.0, 0, 0}, 6, {}}, s.callbacks());
+    EXPECT_EQ(s.wait().finish, Finish::kLength);
+    EXPECT_EQ(s.tokens, test::greedy_reference(*m, prompt, 6, {}, {}));
+    return eng.stats().reused_prompt_tokens;
+  };
+  const auto a = prompt_of(24, 5);                           // saved after 8, 16 and 24 tokens
+  auto b = std::vector<int64_t>(a.begin(), a.begin() + 16);  // shares 16 tokens with a
+  for (int64_t t : prompt_of(5, 6)) b.push_back(t + 1);
+  const auto other = prompt_of(24, 7);
+  DecodeEngineOptions o;
+  o.slots = 2;
+  o.prefill_chunk = 8;
+  auto eng = make_batch_engine({m}, o);
+  EXPECT_EQ(run(*eng, a), 0);
+  EXPECT_EQ(run(*eng, b), 16);
+  EXPECT_EQ(run(*eng, a), 16 + 24);  // the whole prompt: no prefill at all
+  EXPECT_EQ(run(*eng, other), 40);
+  // A cache of 12 tokens keeps only the prefixes that fit in it: a's first 8 tokens.
+  o.prefix_cache_tokens = 12;
+  auto small = make_batch_engine({m}, o);
+  EXPECT_EQ(run(*small, a), 0);
+  EXPECT_EQ(run(*small, b), 8);
+  o.prefix_cache_tokens = 0;
+  auto off = make_batch_engine({m}, o);
+  run(*off, a);
+  EXPECT_EQ(run(*off, a), 0);
+}
+
+TEST(BatchEngine, MlaModelsTakeTheOneAtATimeEngine) {
+  auto m = hybrid_model(14, hybrid_json(/*mla=*/true));
+  EXPECT_NE(batch_decode_blocker(*m).find("MLA"), std::string::npos);
+  EXPECT_THROW(make_batch_engine({m}, {}), Error);
+  auto eng = make_decode_engine({m}, {});  // falls back, still serves
+  Sink s;
+  eng->submit({prompt_of(5, 1), {0.0, 1.0, 0, 0}, 4, {}}, s.callbacks());
+  EXPECT_EQ(s.wait().finish, Finish::kLength);
+  EXPECT_EQ(s.tokens, test::greedy_reference(*m, prompt_of(5, 1), 4, {}, {}));
+}
+
+// On the GPU each batch size replays its own CUDA graph (Engram, which gathers on the host, is off); every request
+// still gets the tokens of the model's own loop.
+TEST(BatchEngine, CudaGraphBucketsGiveEachRequestItsTokens) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto j = hybrid_json();
+  j["engram"]["enabled"] = false;
+  auto m = hybrid_model(17, j, torch::kCUDA);
+  std::vector<std::vector<int64_t>> prompts, expected;
+  for (int i = 0; i < 7; ++i) {
+    prompts.push_back(prompt_of(4 + 3 * i, 200 + i));
+    expected.push_back(test::greedy_reference(*m, prompts.back(), 5 + 2 * i, {}, {}));
+  }
+  DecodeEngineOptions o;
+  o.slots = 8;
+  auto eng = make_batch_engine({m}, o);
+  std::vector<Sink> sinks(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i)
+    eng->submit({prompts[i], {0.0, 1.0, 0, 0}, 5 + 2 * static_cast<int64_t>(i), {}}, sinks[i].callbacks());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    EXPECT_EQ(sinks[i].wait().finish, Finish::kLength);
+    EXPECT_EQ(sinks[i].tokens, expected[i]) << "request " << i;
+  }
+}
+
+// The row primitives on their own: a row copied out of one state and a view of rows decode exactly as the
+// sequences did in their own states.
+TEST(DecodeStateRows, CopiedRowsAndViewsDecodeLikeTheirOwnStates) {
+  test::single_threaded();
+  torch::NoGradGuard no_grad;
+  auto m = hybrid_model(15);
+  const auto a = test::random_tokens(1, 7, 500, 1), b = test::random_tokens(1, 12, 500, 2);
+  auto sa = m->new_state(1, 32), sb = m->new_state(1, 32);
+  m->prefill(a, sa);
+  m->prefill(b, sb);
+  auto pool = m->new_state(3, 32);
+  pool.copy_row(sa, 0, 2, 7);
+  pool.copy_row(sb, 0, 0, 12);
+  pool.copy_row(pool, 0, 1, 12);  // within the pool: row 1 is b again
+  auto rows = pool.view_rows(0, 3);
+  rows.positions.copy_(torch::tensor({12, 12, 7}, torch::kLong));
+  rows.shift_length(-rows.length);
+  const auto next = torch::tensor({5, 9, 33}, torch::kLong);
+  auto got = m->decode(next, rows);
+  auto want_b = m->decode(torch::tensor({5}, torch::kLong), sb);
+  auto want_a = m->decode(torch::tensor({33}, torch::kLong), sa);
+  EXPECT_LT(test::max_abs_diff(got[0], want_b[0]), 1e-5);
+  EXPECT_LT(test::max_abs_diff(got[2], want_a[0]), 1e-5);
+  EXPECT_GT(test::max_abs_diff(got[1], got[0]), 1e-3);  // row 1 is b fed another token
+  EXPECT_THROW(pool.copy_row(sa, 0, 3, 7), Error);
+  EXPECT_THROW(pool.copy_row(sa, 0, 0, 40), Error);
+  EXPECT_THROW(pool.view_rows(2, 2), Error);
+}
+
+}  // namespace
+}  // namespace slm::engine
