@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "median_timer.h"
+#include "random_weights.h"
 #include "slm/engine/graph_decoder.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
@@ -68,13 +69,6 @@ void sync(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
-void randomize(slm::model::HybridLM& m) {
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(1);
-  for (auto& p : m.parameters())
-    if (p.dim() >= 2) p.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(p.size(-1))));
-}
-
 // The model the options describe, on its device. NVFP4: built in FP32 on the CPU, saved, quantized and loaded into a
 // model of the requested dtype and device.
 std::unique_ptr<slm::model::HybridLM> build(const slm::Recipe& recipe, const Options& o, const torch::Device& device) {
@@ -82,14 +76,14 @@ std::unique_ptr<slm::model::HybridLM> build(const slm::Recipe& recipe, const Opt
   const auto options = torch::TensorOptions().dtype(dtype).device(device);
   if (!o.nvfp4) {
     auto m = std::make_unique<slm::model::HybridLM>(recipe, options);
-    randomize(*m);
+    slm::bench::randomize(*m);
     m->eval();
     return m;
   }
   const std::string stem = "/tmp/decode_bench_" + std::to_string(getpid());
   {
     slm::model::HybridLM dense(recipe);
-    randomize(dense);
+    slm::bench::randomize(dense);
     slm::model::save_weights(dense, stem + "_dense.safetensors");
   }
   slm::nvfp4::quantize_checkpoint(stem + "_dense.safetensors", stem + "_nvfp4.safetensors", recipe, {},

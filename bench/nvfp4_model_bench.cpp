@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "random_weights.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
 #include "slm/quant/quantize_checkpoint.h"
@@ -26,13 +27,6 @@ namespace {
 
 constexpr int64_t kPrompt = 16;
 constexpr int kWarmup = 2;
-
-void randomize(slm::model::HybridLM& m) {
-  torch::NoGradGuard no_grad;
-  torch::manual_seed(1);
-  for (auto& p : m.parameters())
-    if (p.dim() >= 2) p.normal_(0.0, 1.0 / std::sqrt(static_cast<double>(p.size(-1))));
-}
 
 int64_t state_bytes(const slm::model::HybridLM& m) {
   int64_t b = 0;
@@ -84,7 +78,7 @@ int main(int argc, char** argv) {
     const slm::Recipe recipe = slm::load_recipe(path);
     const std::string stem = "/tmp/nvfp4_model_bench_" + std::to_string(getpid());
     slm::model::HybridLM dense(recipe);
-    randomize(dense);
+    slm::bench::randomize(dense);
     dense.eval();
     slm::model::save_weights(dense, stem + "_fp32.safetensors");
     auto report = slm::nvfp4::quantize_checkpoint(stem + "_fp32.safetensors", stem + "_nvfp4.safetensors", recipe, {});
