@@ -31,6 +31,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr int64_t kWarmupTokens = 8;  // new tokens per request of the untimed first wave
+
 struct Options {
   std::string recipe = std::string(SLM_SOURCE_DIR) + "/recipes/specialist-small.json";
   std::string device = "cpu";
@@ -119,7 +121,7 @@ int main(int argc, char** argv) {
     auto model = std::make_shared<slm::model::HybridLM>(recipe, torch::TensorOptions().dtype(dtype).device(device));
     slm::bench::randomize(*model);
     model->eval();
-    const int64_t context = o.prompt + o.max_tokens;
+    const int64_t context = o.prompt + std::max(o.max_tokens, kWarmupTokens);
     std::printf("engine_bench: %s on %s (%s), %lld-token prompts, %lld new tokens each, %lld slots%s\n",
                 recipe.name.c_str(), o.device.c_str(), o.dtype.c_str(), static_cast<long long>(o.prompt),
                 static_cast<long long>(o.max_tokens), static_cast<long long>(o.slots), o.no_graph ? ", no graphs" : "");
@@ -132,14 +134,14 @@ int main(int argc, char** argv) {
     if (o.serial_requests > 0) {
       eo.slots = 1;
       auto engine = slm::engine::make_decode_engine(model, eo);
-      serve(*engine, 1, o.prompt, 8, recipe.vocab_size);
+      serve(*engine, 1, o.prompt, kWarmupTokens, recipe.vocab_size);
       const auto r = serve(*engine, o.serial_requests, o.prompt, o.max_tokens, recipe.vocab_size);
       report("one at a time", r, o.serial_requests);
       serial = static_cast<double>(r.tokens) / r.seconds;
     }
     eo.slots = o.slots;
     auto engine = slm::engine::make_batch_engine({model}, eo);
-    serve(*engine, o.requests, o.prompt, 8, recipe.vocab_size);
+    serve(*engine, o.requests, o.prompt, kWarmupTokens, recipe.vocab_size);
     const auto r = serve(*engine, o.requests, o.prompt, o.max_tokens, recipe.vocab_size);
     report("continuous batching", r, o.requests);
     if (serial > 0)

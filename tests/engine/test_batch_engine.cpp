@@ -9,6 +9,7 @@
 #include "engine/engine_test_util.h"
 #include "slm/engine/batch_engine.h"
 #include "slm/engine/decode_engine.h"
+#include "slm/engine/graph_decoder.h"
 
 namespace slm::engine {
 namespace {
@@ -205,7 +206,12 @@ TEST(BatchEngine, CudaGraphBucketsGiveEachRequestItsTokens) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   auto j = hybrid_json();
   j["engram"]["enabled"] = false;
+  j["attention"]["head_dim"] = 32;  // a head dim the CUDA decode kernel has (graph_decode_blocker)
   auto m = hybrid_model(17, j, torch::kCUDA);
+  {
+    auto probe = m->new_state(1, 8);
+    ASSERT_EQ(graph_decode_blocker(*m, probe), "");
+  }
   std::vector<std::vector<int64_t>> prompts, expected;
   for (int i = 0; i < 7; ++i) {
     prompts.push_back(prompt_of(4 + 3 * i, 200 + i));
@@ -218,7 +224,8 @@ TEST(BatchEngine, CudaGraphBucketsGiveEachRequestItsTokens) {
   for (size_t i = 0; i < prompts.size(); ++i)
     eng->submit({prompts[i], {0.0, 1.0, 0, 0}, 5 + 2 * static_cast<int64_t>(i), {}}, sinks[i].callbacks());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(sinks[i].wait().finish, Finish::kLength);
+    const auto r = sinks[i].wait();
+    EXPECT_EQ(r.finish, Finish::kLength) << r.error;
     EXPECT_EQ(sinks[i].tokens, expected[i]) << "request " << i;
   }
 }

@@ -4,6 +4,7 @@
 
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/layers/attention.h"
+#include "slm/ops/decode_attention.h"
 #include "slm/util/error.h"
 
 #ifdef SLM_WITH_CUDA
@@ -28,6 +29,9 @@ std::string graph_decode_blocker(const model::HybridLM& m, const model::DecodeSt
     if (auto* a = dynamic_cast<const model::AttentionLayer*>(l.get())) {
       if (a->mla) return "MLA attention reads its cache by the host's length";
       if (a->indexer()) return "DSA attention selects keys on the host";
+      if (!ops::decode_attention_has_kernel(a->attn->head_dim))
+        return "attention head dim " + std::to_string(a->attn->head_dim) +
+               " has no CUDA decode kernel (32, 64, 128, 256), and its reference reads the lengths on the host";
     }
   }
   for (auto* moe : m.moe_modules())

@@ -17,7 +17,8 @@ struct DecodeState;
 namespace slm::engine {
 
 // "" when a decode step of model on state can be captured, else the reason: a CPU model or build, MLA or DSA
-// attention, Engram, NVFP4 routed experts (their loop reads counts on the host), a state made with max_rollback > 0.
+// attention, an attention head dim without a CUDA decode kernel, Engram, NVFP4 routed experts (their loop reads
+// counts on the host), a state made with max_rollback > 0.
 std::string graph_decode_blocker(const model::HybridLM& model, const model::DecodeState& state);
 
 class GraphDecoder {

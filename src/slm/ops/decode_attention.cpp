@@ -71,6 +71,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::
   return decode_attention_ref(q, k, v, lengths, window, scale);
 }
 
+bool decode_attention_has_kernel(int64_t head_dim) {
+#ifdef SLM_WITH_CUDA
+  return cuda::decode_attention_supported(head_dim);
+#else
+  (void)head_dim;
+  return false;
+#endif
+}
+
 at::Tensor decode_attention_ref(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& lengths, int64_t window, std::optional<double> scale) {
   check(q, k, v, lengths);

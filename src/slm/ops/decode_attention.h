@@ -16,6 +16,10 @@ namespace slm::ops {
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
                             int64_t window, std::optional<double> scale = std::nullopt);
 
+// Whether decode_attention has its CUDA kernel for this head dim (CUDA builds only). Without it the step takes
+// decode_attention_ref, whose host read of the lengths a CUDA graph cannot capture.
+bool decode_attention_has_kernel(int64_t head_dim);
+
 // Row by row over the filled keys with libtorch's attention (reads the lengths on the host).
 at::Tensor decode_attention_ref(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& lengths, int64_t window, std::optional<double> scale = std::nullopt);
