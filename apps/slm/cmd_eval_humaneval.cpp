@@ -1,12 +1,18 @@
-// slm eval humaneval: functional correctness (pass@k) on MultiPL-E's HumanEval-C++ or any problem file of its format.
+// slm eval humaneval: functional correctness (pass@k) on MultiPL-E's HumanEval-C++ or any problem file of its format;
+// slm eval compile-pass: the share of function bodies, completed in held-out files, with which the file compiles.
 #include <torch/torch.h>
 
+#include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <memory>
 #include <set>
 
 #include "commands.h"
+#include "slm/eval/compile_pass.h"
 #include "slm/eval/completions.h"
 #include "slm/eval/humaneval.h"
 #include "slm/eval/model_completions.h"
@@ -31,6 +37,10 @@ struct HumanEvalCli {
   std::string out = "out/eval/humaneval";
   int threads = 0;
   bool json = false;
+  // compile-pass only
+  std::string files;
+  size_t max_files = 0;
+  eval::BodyCutOptions cuts;
 };
 
 eval::Isolation choose_isolation(const std::string& mode) {
@@ -46,23 +56,19 @@ eval::Isolation choose_isolation(const std::string& mode) {
   return eval::Isolation::kNone;
 }
 
-void run_humaneval_cli(HumanEvalCli& c) {
-  auto problems = eval::load_problems(c.problems);
+// Generates (or reads) completions for the problems, judges them and reports; label names the problem set.
+void run_problems(HumanEvalCli& c, std::vector<eval::Problem> problems, const std::string& label) {
   if (!c.tasks.empty()) {
     std::set<std::string> want(c.tasks.begin(), c.tasks.end());
     std::vector<eval::Problem> chosen;
     for (auto& p : problems)
       if (want.erase(p.name)) chosen.push_back(std::move(p));
-    if (!want.empty()) throw Error("--tasks: " + *want.begin() + " is not in " + c.problems);
+    if (!want.empty()) throw Error("--tasks: " + *want.begin() + " is not in " + label);
     problems = std::move(chosen);
   }
   if (c.limit > 0 && static_cast<size_t>(c.limit) < problems.size()) problems.resize(static_cast<size_t>(c.limit));
 
   auto& o = c.run;
-  o.isolation = choose_isolation(c.sandbox);
-  o.run.memory_bytes = static_cast<uint64_t>(c.memory_mb * (1 << 20));
-  o.run.output_bytes = static_cast<size_t>(c.max_output_kb * 1024);
-  o.run.cpu_s = std::max(1, static_cast<int>(std::ceil(o.run.wall_s)));
   if (!c.out.empty()) {
     make_dirs(c.out);
     o.results_path = c.out + "/results.jsonl";
@@ -80,11 +86,11 @@ void run_humaneval_cli(HumanEvalCli& c) {
     if (c.model.checkpoint.empty())
       std::cerr << "slm: warning: no checkpoint (--model): the weights are RANDOM, so every completion is noise\n";
   }
-  std::cerr << "slm: " << problems.size() << " problems from " << c.problems << "; completions: " << source->describe()
+  std::cerr << "slm: " << problems.size() << " problems from " << label << "; completions: " << source->describe()
             << "\n";
   auto report = [&] {
-    ProgressBar bar(std::cerr, "humaneval", 0, "samples");
-    auto r = eval::run_humaneval(c.problems, problems, *source, o, bar.callback());
+    ProgressBar bar(std::cerr, o.compile.syntax_only ? "compile-pass" : "humaneval", 0, "samples");
+    auto r = eval::run_humaneval(label, problems, *source, o, bar.callback());
     bar.finish();
     return r;
   }();
@@ -101,6 +107,43 @@ void run_humaneval_cli(HumanEvalCli& c) {
               << "\n";
 }
 
+// The sandbox settings the options describe.
+void apply_limits(HumanEvalCli& c) {
+  auto& o = c.run;
+  o.isolation = choose_isolation(c.sandbox);
+  o.run.memory_bytes = static_cast<uint64_t>(c.memory_mb * (1 << 20));
+  o.run.output_bytes = static_cast<size_t>(c.max_output_kb * 1024);
+  o.run.cpu_s = std::max(1, static_cast<int>(std::ceil(o.run.wall_s)));
+}
+
+void run_compile_pass_cli(HumanEvalCli& c) {
+  c.run.compile.syntax_only = true;
+  for (auto& d : c.run.compile.include_dirs) {  // the judge compiles in a directory of its own
+    char* real = ::realpath(d.c_str(), nullptr);
+    if (!real) throw Error("--include " + d + ": " + std::strerror(errno));
+    d = real;
+    std::free(real);
+  }
+  apply_limits(c);
+  auto cuts = eval::cut_source_tree(c.files, c.max_files, c.cuts);
+  const size_t all = cuts.size();
+  {
+    eval::Judge judge(c.run.compile, c.run.run, c.run.isolation);
+    ProgressBar bar(std::cerr, "control", all, "cuts");
+    cuts = eval::keep_compiling(std::move(cuts), judge, c.run.jobs, [&](size_t done, size_t) { bar.update(done); });
+    bar.finish();
+  }
+  std::cerr << "slm: " << all << " function bodies cut from " << c.files << "; " << cuts.size()
+            << " compile with their original body (the rest are left out: their file does not compile here)\n";
+  if (cuts.empty()) throw Error("compile-pass: no cut compiles with its original body under " + c.files);
+  std::vector<eval::Problem> problems;
+  for (auto& cut : cuts) problems.push_back(std::move(cut.problem));
+  run_problems(c, std::move(problems), c.files);
+}
+
+// The options both commands take: where completions come from, sampling, the judge's limits, the output.
+void add_shared_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c);
+
 }  // namespace
 
 void add_eval_humaneval_command(CLI::App* eval) {
@@ -111,6 +154,36 @@ void add_eval_humaneval_command(CLI::App* eval) {
       "it with the tests, run it in a sandbox, report pass@k (docs/evaluation.md)");
   h->add_option("--problems", c->problems, "problem file (MultiPL-E JSONL: name, prompt, tests, stop_tokens)")
       ->capture_default_str();
+  add_shared_options(h, c);
+  h->callback([c] {
+    apply_limits(*c);
+    run_problems(*c, eval::load_problems(c->problems), c->problems);
+  });
+
+  auto p = std::make_shared<HumanEvalCli>();
+  p->out = "out/eval/compile-pass";
+  p->run.compile.pch = false;  // the files' include blocks differ
+  p->run.compile.standard = "c++20";
+  auto* cp = eval->add_subcommand(
+      "compile-pass",
+      "Compile-pass on held-out code: cut C++ files at function bodies, complete each body, report the share with "
+      "which the file still compiles (g++ -fsyntax-only; docs/evaluation.md)");
+  cp->add_option("--files", p->files, "directory of held-out C++ sources (.cc .cpp .cxx .c++ .C), searched recursively")
+      ->required();
+  cp->add_option("--max-files", p->max_files, "only the first N files, sorted by path (0: all)")->capture_default_str();
+  cp->add_option("--cuts-per-file", p->cuts.max_per_file, "function bodies cut per file")->capture_default_str();
+  cp->add_option("--min-body-lines", p->cuts.min_body_lines, "shorter bodies are not cut")->capture_default_str();
+  cp->add_option("--max-body-bytes", p->cuts.max_body_bytes, "longer bodies are not cut")->capture_default_str();
+  cp->add_option("--include,-I", p->run.compile.include_dirs,
+                 "include directory of the held-out project (repeatable; each file's own directory is always searched "
+                 "for #include \"...\")");
+  add_shared_options(cp, p);
+  cp->callback([p] { run_compile_pass_cli(*p); });
+}
+
+namespace {
+
+void add_shared_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
   h->add_option("--model,--checkpoint", c->model.checkpoint,
                 "training checkpoint, run directory (its latest) or weights file to generate with");
   h->add_option("--recipe", c->model.recipe,
@@ -152,7 +225,8 @@ void add_eval_humaneval_command(CLI::App* eval) {
   h->add_option("--out", c->out, "directory for results.jsonl, completions.jsonl and summary.json (\"\": write none)")
       ->capture_default_str();
   h->add_flag("--json", c->json, "print the summary as JSON");
-  h->callback([c] { run_humaneval_cli(*c); });
 }
+
+}  // namespace
 
 }  // namespace slm::cli

@@ -108,7 +108,8 @@ Judge::~Judge() {
 }
 
 std::string Judge::compile_command() const {
-  return compile_.compiler + " -std=" + compile_.standard + " -o prog prog.cpp" +
+  return compile_.compiler + " -std=" + compile_.standard +
+         (compile_.syntax_only ? " -fsyntax-only prog.cpp" : " -o prog prog.cpp") +
          (compile_.pch ? " (with the leading #include <...> block precompiled and pre-included)" : "");
 }
 
@@ -157,10 +158,15 @@ SampleResult Judge::judge(const Problem& problem, const std::string& completion)
   make_dir(dir);
   write_text(dir + "/prog.cpp", program_text(problem, s.completion));
   std::vector<std::string> cc = {compile_.compiler, "-std=" + compile_.standard};
+  for (const auto& d : problem.quote_dirs) cc.insert(cc.end(), {"-iquote", d});
+  for (const auto& d : compile_.include_dirs) cc.insert(cc.end(), {"-I", d});
   if (compile_.pch)
     if (auto include = prelude_flag(include_prelude(problem.prompt)); !include.empty())
       cc.insert(cc.end(), {"-include", include});
-  cc.insert(cc.end(), {"-o", "prog", "prog.cpp"});
+  if (compile_.syntax_only)
+    cc.insert(cc.end(), {"-fsyntax-only", "prog.cpp"});
+  else
+    cc.insert(cc.end(), {"-o", "prog", "prog.cpp"});
   const auto c = sandbox_.run(cc, dir, compile_.limits);
   s.compile_s = c.seconds;
   if (!c.ok()) {
@@ -170,6 +176,8 @@ SampleResult Judge::judge(const Problem& problem, const std::string& completion)
                : c.output_exceeded ? "the compiler's output passed the cap"
                : c.exit_code >= 0  ? "compiler exit status " + std::to_string(c.exit_code)
                                    : "the compiler died of signal " + std::to_string(c.signal);
+  } else if (compile_.syntax_only) {
+    s.outcome = Outcome::kPassed;
   } else {
     const auto r = sandbox_.run({dir + "/prog"}, dir, run_);
     s.run_s = r.seconds;
@@ -213,6 +221,7 @@ nlohmann::json HumanEvalReport::summary_json() const {
                       {"source", source},
                       {"isolation", isolation},
                       {"compile_command", compile_command},
+                      {"compile_only", compile_only},
                       {"problems", problems.size()},
                       {"samples", samples},
                       {"unscored", unscored},
@@ -237,7 +246,7 @@ std::string HumanEvalReport::table() const {
   char buf[256];
   std::snprintf(buf, sizeof buf, "%zu problems, %d samples, sandbox %s, %.1f s\n", problems.size(), samples,
                 isolation.c_str(), seconds);
-  t += "HumanEval-C++ (" + problems_file + "): " + buf;
+  t += std::string(compile_only ? "Compile-pass" : "HumanEval-C++") + " (" + problems_file + "): " + buf;
   t += "completions: " + source + "\n";
   t += "compiled as: " + compile_command + "\n\n";
   for (const auto& [k, v] : pass_at_k) {
@@ -367,6 +376,7 @@ HumanEvalReport run_humaneval(const std::string& problems_file, const std::vecto
   rep.source = source.describe();
   rep.isolation = isolation_name(judge.sandbox().isolation());
   rep.compile_command = judge.compile_command();
+  rep.compile_only = o.compile.syntax_only;
   rep.warnings = judge.warnings();
   for (size_t pi = 0; pi < problems.size(); ++pi) {
     if (!scored[pi]) {

@@ -25,6 +25,8 @@ struct CompileOptions {
   // Precompile each problem's leading block of #include <...> lines once and pre-include it (-include): the program
   // repeats those includes, so its meaning is the same; it only skips reparsing <bits/stdc++.h> (4x faster).
   bool pch = true;
+  bool syntax_only = false;  // compile-pass (compile_pass.h): -fsyntax-only, and a program that compiles has passed
+  std::vector<std::string> include_dirs;  // -I for every program (a held-out project's include directories)
   SandboxLimits limits{60, 60, 4ull << 30, 256ull << 20, 32, 1 << 20};  // the compiler: more time and memory
 };
 
@@ -86,6 +88,7 @@ struct HumanEvalOptions {
 
 struct HumanEvalReport {
   std::string problems_file, source, isolation, compile_command;
+  bool compile_only = false;  // compile-pass (CompileOptions::syntax_only): pass@k counts completions that compile
   std::vector<ProblemResult> problems;  // in the problem file's order; problems without samples are left out
   std::vector<std::string> unscored;    // problems the source had no completions for
   std::map<int, double> pass_at_k;      // mean over problems with n >= k

@@ -12,6 +12,7 @@ struct Problem {
   std::string prompt;                    // includes, doc comment and the signature line ending in '{'
   std::string tests;                     // closes the function and holds main() with the asserts
   std::vector<std::string> stop_tokens;  // the completion ends before the first of these
+  std::vector<std::string> quote_dirs;   // -iquote directories (a problem cut from a file: the file's own)
 };
 
 // Reads every line (blank lines are skipped). Throws slm::Error naming the file and line for a malformed line, a
