@@ -14,7 +14,13 @@ namespace {
 
 struct ChatFlags {
   std::string url, ensemble, recipe, checkpoint, tokenizer, api_key, system;
-  server::LoadOptions load;
+  // One person types: one sequence slot per specialist (the prefix cache still spares each turn the conversation's
+  // earlier prefill).
+  server::LoadOptions load = [] {
+    server::LoadOptions o;
+    o.slots = 1;
+    return o;
+  }();
   server::ChatOptions chat;
 };
 

@@ -85,7 +85,7 @@ void add_serve_command(CLI::App& app) {
   s->add_option("--threads", f->http.threads, "HTTP worker threads (concurrent connections)")->capture_default_str();
   s->add_option("--max-queue", f->load.max_queue, "waiting requests per specialist before 503")->capture_default_str();
   s->add_option("--slots", f->load.slots,
-                "sequences each specialist generates at once (continuous batching; 1: one at a time)")
+                "sequences each specialist generates at once (continuous batching)")
       ->check(CLI::Range(int64_t{1}, int64_t{256}))
       ->capture_default_str();
   s->add_option("--default-max-tokens", f->http.default_max_tokens, "max_tokens when a request gives none")

@@ -482,6 +482,7 @@ TEST(ServerLimits, AFullQueueAnswers503AndATimeoutCutsTheAnswer) {
   Specialists sp;
   LoadOptions lo;
   lo.max_queue = 1;
+  lo.slots = 1;  // one request generating, one waiting: the third finds the queue full
   // A model whose greedy answer never ends by itself: greedy decoding of a random model falls into a cycle within a
   // few hundred tokens, so one without <|eos|> 3 or <|end|> 9 in its first 300 tokens runs to max_tokens.
   std::shared_ptr<model::HybridLM> m;

@@ -86,7 +86,7 @@ std::unique_ptr<Engine> make_decode_engine(std::shared_ptr<model::HybridLM> mode
 
 std::unique_ptr<Engine> make_decode_engine(EngineModel model, DecodeEngineOptions options) {
   if (!model.model) throw Error("engine: no model");
-  if (options.slots > 1 && batch_decode_blocker(*model.model).empty())
+  if (batch_decode_blocker(*model.model).empty())
     return make_batch_engine(std::move(model), std::move(options));
   std::vector<EngineModel> one{std::move(model)};
   const auto [vocab, context] = vocab_and_context(one, options);

@@ -19,7 +19,7 @@ struct DecodeEngineOptions {
   std::vector<int64_t> banned_ids;  // never sampled (a tokenizer's control tokens, ids past its vocabulary)
   size_t max_queue = 64;            // waiting requests beyond this are refused with QueueFull
   int64_t context_length = 0;       // 0: the recipe's seq_len
-  int64_t slots = 8;                // sequences generated at once (continuous batching, batch_engine.h); 1: in turn
+  int64_t slots = 8;                // sequences generated at once (continuous batching, batch_engine.h)
   int64_t prefill_chunk = 512;      // prompt tokens per prefill step; the running sequences step between chunks
   bool cuda_graph = true;           // replay decode steps from CUDA graphs where graph_decode_blocker allows
   // Continuous batching keeps the states of recent prompts (at every prefill_chunk boundary and at the end) for
@@ -35,7 +35,7 @@ struct EngineModel {
 };
 
 // The engine owns a share of the model and is its only user while it lives: the continuous-batching engine
-// (batch_engine.h) when options.slots > 1 and the model allows it (batch_decode_blocker), else one request at a time.
+// (batch_engine.h) when the model allows it (batch_decode_blocker), else one request at a time.
 // Throws slm::Error for banned ids outside the vocabulary.
 std::unique_ptr<Engine> make_decode_engine(std::shared_ptr<model::HybridLM> model, DecodeEngineOptions options);
 std::unique_ptr<Engine> make_decode_engine(EngineModel model, DecodeEngineOptions options);
