@@ -3,12 +3,18 @@
 // reference: the model's own prefill + decode steps with argmax, written out here.
 #include <torch/torch.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <vector>
 
 #include "model/model_test_util.h"
 #include "slm/data/tokenizer.h"
+#include "slm/engine/engine.h"
 #include "slm/model/hybrid_lm.h"
 
 namespace slm::test {
@@ -50,5 +56,33 @@ inline std::vector<int64_t> greedy_reference(model::HybridLM& m, const std::vect
   }
   return out;
 }
+
+// Collects one engine request's tokens and waits for its end. also (optional) sees each token after it is stored.
+struct TokenSink {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int64_t> tokens;
+  std::optional<engine::Result> result;
+  engine::Callbacks callbacks(std::function<void(int64_t)> also = {}) {
+    return {[this, also](int64_t t) {
+              {
+                std::lock_guard l(mu);
+                tokens.push_back(t);
+              }
+              if (also) also(t);
+            },
+            [this](const engine::Result& r) {
+              std::lock_guard l(mu);
+              result = r;
+              cv.notify_all();
+            }};
+  }
+  engine::Result wait() {
+    std::unique_lock l(mu);
+    cv.wait_for(l, std::chrono::seconds(120), [&] { return result.has_value(); });
+    EXPECT_TRUE(result.has_value());
+    return result.value_or(engine::Result{engine::Finish::kError});
+  }
+};
 
 }  // namespace slm::test

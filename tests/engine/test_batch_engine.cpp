@@ -45,29 +45,7 @@ std::shared_ptr<model::HybridLM> hybrid_model(uint64_t seed, const nlohmann::jso
   return m;
 }
 
-struct Sink {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int64_t> tokens;
-  std::optional<Result> result;
-  Callbacks callbacks() {
-    return {[this](int64_t t) {
-              std::lock_guard l(mu);
-              tokens.push_back(t);
-            },
-            [this](const Result& r) {
-              std::lock_guard l(mu);
-              result = r;
-              cv.notify_all();
-            }};
-  }
-  Result wait() {
-    std::unique_lock l(mu);
-    cv.wait_for(l, std::chrono::seconds(120), [&] { return result.has_value(); });
-    EXPECT_TRUE(result.has_value());
-    return result.value_or(Result{Finish::kError});
-  }
-};
+using Sink = test::TokenSink;
 
 std::vector<int64_t> prompt_of(int64_t length, uint64_t seed) {
   auto t = test::random_tokens(1, length, 500, seed);

@@ -11,33 +11,7 @@
 namespace slm::engine {
 namespace {
 
-// Collects one request's tokens and waits for its end.
-struct Sink {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<int64_t> tokens;
-  std::optional<Result> result;
-  Callbacks callbacks(std::function<void(int64_t)> also = {}) {
-    return {[this, also](int64_t t) {
-              {
-                std::lock_guard l(mu);
-                tokens.push_back(t);
-              }
-              if (also) also(t);
-            },
-            [this](const Result& r) {
-              std::lock_guard l(mu);
-              result = r;
-              cv.notify_all();
-            }};
-  }
-  Result wait() {
-    std::unique_lock l(mu);
-    cv.wait_for(l, std::chrono::seconds(60), [&] { return result.has_value(); });
-    EXPECT_TRUE(result.has_value());
-    return result.value_or(Result{Finish::kError});
-  }
-};
+using Sink = test::TokenSink;
 
 const std::vector<int64_t> kPrompt = {2, 300, 301, 45, 7, 400};
 
