@@ -70,12 +70,19 @@ void run_build(const BuildFlags& f) {
   if (!f.no_tokens && fs::exists(f.tokenizer)) o.tokenizer = f.tokenizer;
   for (const auto& d : o.domains) {
     auto roots = data::default_roots(d);
-    // Unpacked Debian source packages (scripts/data-deps.sh): the code domains' classifiers look at each one.
+    // Unpacked Debian source packages (slm data fetch, scripts/data-deps.sh): the code domains' classifiers look at
+    // each one, and design takes the projects' own documentation (READMEs, Markdown, reStructuredText, doc/ pages),
+    // not their test data, build files or vendored copies.
     const bool code_domain = d == "cpp" || d == "cmake" || d == "shell";
-    for (const auto& sd : code_domain ? f.source_dirs : std::vector<std::string>{}) {
+    const std::vector<std::string> exclude =
+        d == "design" ? std::vector<std::string>{"/debian/", "CMakeLists.txt", "/test/", "/tests/", "/testdata/",
+                                                 "/testsuite/", "/third_party/", "/3rdparty/", "/vendor/",
+                                                 "LICENSE", "COPYING", "/po/"}
+                      : std::vector<std::string>{"/debian/"};
+    for (const auto& sd : code_domain || d == "design" ? f.source_dirs : std::vector<std::string>{}) {
       std::error_code ec;
       for (const auto& e : fs::directory_iterator(sd, ec))
-        if (e.is_directory()) roots.push_back({e.path().string(), "", "", false, {"/debian/"}});
+        if (e.is_directory()) roots.push_back({e.path().string(), "", "", false, exclude});
     }
     o.roots[d] = roots;
   }
@@ -104,11 +111,13 @@ void run_build(const BuildFlags& f) {
 }  // namespace
 
 void add_data_graphs_command(CLI::App* data);  // cmd_data_graphs.cpp
+void add_data_fetch_command(CLI::App* data);   // cmd_data_fetch.cpp
 
 void add_data_command(CLI::App& app) {
   auto* data = app.add_subcommand("data", "Build domain corpora and token shards");
   data->require_subcommand(1);
   add_data_graphs_command(data);
+  add_data_fetch_command(data);
 
   static BuildFlags bf;
   auto* build = data->add_subcommand("build", "Build deduplicated, decontaminated, split corpora from local sources");

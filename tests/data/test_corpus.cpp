@@ -266,3 +266,38 @@ TEST_F(PlantedCorpus, DebianSourceTreesNameTheirPackageAndLicense) {
     EXPECT_EQ(docs[0]["license"], "BSD-3-clause");
   }
 }
+
+TEST_F(PlantedCorpus, SourcePackagesCarryEachFilesLicenseAndStayInOneSplit) {
+  // slm data fetch's trees: each file's license is its DEP-5 paragraph's, and a project never straddles splits
+  // (its files share code, so one split per package keeps the held-out sets honest).
+  std::vector<std::string> trees;
+  for (int p = 0; p < 12; ++p) {
+    const std::string name = "proj" + std::to_string(p), tree = dir + "/data-src/" + name + "_1.0";
+    write_file(tree + "/debian/control", "Source: " + name + "\nSection: libs\n");
+    write_file(tree + "/debian/copyright",
+               "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\nFiles: *\n"
+               "License: GPL-2+\n\nFiles: vendor/*\nLicense: BSL-1.0\n");
+    for (int f = 0; f < 4; ++f) write_file(tree + "/src/f" + std::to_string(f) + ".cpp", random_code(1000 + p * 10 + f));
+    write_file(tree + "/vendor/v.hpp", random_code(2000 + p));
+    trees.push_back(tree);
+  }
+  o.domains = {"cpp"};
+  o.roots.clear();
+  for (const auto& t : trees) o.roots["cpp"].push_back({t, "", "", false, {"/debian/"}});
+  o.validation_fraction = o.test_fraction = 0.25;
+  auto rep = build_corpus(o);
+  EXPECT_EQ(rep.domains[0].documents, 60u);
+  std::map<std::string, std::set<std::string>> splits_of;  // package -> splits its files landed in
+  std::set<std::string> splits_seen;
+  for (const char* split : {"train", "validation", "test"}) {
+    for (const auto& d : read_jsonl(o.out_dir + "/cpp/" + std::string(split) + ".jsonl")) {
+      const std::string path = d["path"];
+      EXPECT_EQ(d["license"], path.find("/vendor/") != std::string::npos ? "BSL-1.0" : "GPL-2+") << path;
+      splits_of[d["package"]].insert(split);
+      splits_seen.insert(split);
+    }
+  }
+  EXPECT_EQ(splits_of.size(), 12u);
+  for (const auto& [pkg, s] : splits_of) EXPECT_EQ(s.size(), 1u) << pkg << " is in several splits";
+  EXPECT_GE(splits_seen.size(), 2u);  // with 12 packages and half held out, not everything is train
+}

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "slm/data/debian_copyright.h"
 #include "slm/data/decontam.h"
 #include "slm/data/doc_text.h"
 #include "slm/data/hashing.h"
@@ -271,34 +272,11 @@ class PackageIndex {
   std::unordered_map<std::string, std::string> owner_;
 };
 
-// The license named by a Debian copyright file: the first stanza's "License:" (DEP-5), else the first
-// License: line anywhere, else a pointer to the file.
+// The license named by a Debian copyright file (DebianCopyright::main_license), else a pointer to the file.
 std::string license_from_copyright(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return "";
-  std::string line, first;
-  bool in_files_star = false;
-  while (std::getline(in, line)) {
-    if (line.starts_with("Files:")) in_files_star = line.find('*') != std::string::npos && line.size() < 12;
-    if (line.starts_with("License:")) {
-      std::string lic = line.substr(8);
-      lic.erase(0, lic.find_first_not_of(" \t"));
-      while (!lic.empty() && (lic.back() == ' ' || lic.back() == '\r')) lic.pop_back();
-      if (lic.empty()) continue;
-      if (in_files_star) return lic;
-      if (first.empty()) first = lic;
-    }
-  }
-  if (!first.empty()) return first;
-  // Not machine-readable: recognise the common license texts.
-  in.clear();
-  in.seekg(0);
-  const std::string all((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (all.find("Runtime Library Exception") != std::string::npos) return "GPL-3+ with GCC-exception-3.1";
-  if (all.find("Boost Software License") != std::string::npos) return "BSL-1.0";
-  if (all.find("Apache License") != std::string::npos) return "Apache-2.0";
-  if (all.find("GNU General Public License") != std::string::npos) return "GPL (see " + path + ")";
-  return "see " + path;
+  std::string lic = DebianCopyright::read(path).main_license();
+  if (lic.empty() && fs::exists(path)) lic = "see " + path;
+  return lic;
 }
 
 class LicenseIndex {
@@ -319,7 +297,7 @@ class LicenseIndex {
   std::unordered_map<std::string, std::string> cache_;
 };
 
-// An unpacked Debian source package (apt-get source): its Source name and license.
+// An unpacked Debian source package (apt-get source, slm data fetch): its Source name and main license.
 bool debian_source_info(const std::string& root, std::string& package, std::string& license) {
   std::ifstream ctl(root + "/debian/control");
   if (!ctl) return false;
@@ -340,6 +318,7 @@ struct Candidate {
   uint64_t size;
   std::string package, license;
   std::string format;
+  bool split_by_package = false;  // a Debian source package: the whole project lands in one split
 };
 
 struct Doc {
@@ -461,7 +440,10 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
         continue;
       }
       std::string root_pkg = root.package, root_lic = root.license;
-      debian_source_info(root.path, root_pkg, root_lic);
+      const bool source_package = debian_source_info(root.path, root_pkg, root_lic);
+      // Each file's own license (DEP-5 "Files:" paragraphs), not only the package's main one.
+      const DebianCopyright copyright =
+          source_package ? DebianCopyright::read(root.path + "/debian/copyright") : DebianCopyright{};
       const bool maintainer_scripts = fs::path(root.path) == fs::path(o.dpkg_info_dir);
       const size_t root_begin = mine.size();
       for (auto it = fs::recursive_directory_iterator(root.path, fs::directory_options::skip_permission_denied, ec);
@@ -485,8 +467,12 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
           ++sum.dropped_size;
           continue;
         }
-        Candidate c{di, path, size, root_pkg, root_lic, root.format};
-        if (maintainer_scripts) {
+        Candidate c{di, path, size, root_pkg, root_lic, root.format, source_package};
+        if (source_package) {
+          std::string_view rel = std::string_view(path).substr(root.path.size());
+          while (rel.starts_with('/')) rel.remove_prefix(1);
+          if (std::string lic = copyright.license_of(rel); !lic.empty()) c.license = std::move(lic);
+        } else if (maintainer_scripts) {
           std::string stem = it->path().stem().string();
           c.package = stem.substr(0, stem.find(':'));
         } else if (std::string owner = packages.lookup(path); !owner.empty()) {
@@ -539,6 +525,7 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
       Doc d;
       d.domain = c.domain;
       d.meta = {c.package, c.path, c.license, o.domains[c.domain]};
+      if (c.split_by_package) d.split_key = "package:" + c.package;
       d.text = std::move(text);
       read_docs[i] = std::move(d);
     });

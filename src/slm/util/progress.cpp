@@ -37,6 +37,12 @@ ProgressBar::~ProgressBar() { finish(); }
 void ProgressBar::update(uint64_t done) {
   done_ = done;
   auto now = std::chrono::steady_clock::now();
+  if (!started_) {
+    // Rate and ETA count from the first report: work skipped at once (a resumed download) does not inflate them.
+    started_ = true;
+    base_done_ = done;
+    base_time_ = now;
+  }
   auto min_gap = tty_ ? std::chrono::milliseconds(100) : std::chrono::milliseconds(2000);
   if (now - last_ < min_gap) return;
   last_ = now;
@@ -74,6 +80,22 @@ void ProgressBar::draw(bool final) {
   char t[48];
   std::snprintf(t, sizeof t, "  %.1fs", secs);
   line += t;
+  const double since = std::chrono::duration<double>(std::chrono::steady_clock::now() - base_time_).count();
+  if (!final && started_ && done_ > base_done_ && since > 1.0) {
+    const double rate = static_cast<double>(done_ - base_done_) / since;
+    if (unit_ == "B") line += "  " + amount(static_cast<uint64_t>(rate), unit_) + "/s";
+    if (total_ > done_) {
+      const auto eta = static_cast<uint64_t>(static_cast<double>(total_ - done_) / rate);
+      char e[48];
+      if (eta >= 3600)
+        std::snprintf(e, sizeof e, "  ETA %lluh%02llum", static_cast<unsigned long long>(eta / 3600),
+                      static_cast<unsigned long long>(eta / 60 % 60));
+      else
+        std::snprintf(e, sizeof e, "  ETA %llum%02llus", static_cast<unsigned long long>(eta / 60),
+                      static_cast<unsigned long long>(eta % 60));
+      line += e;
+    }
+  }
   if (tty_) out_ << "\r" << line << "\x1b[K" << (final ? "\n" : "") << std::flush;
   else out_ << line << "\n" << std::flush;
 }

@@ -15,7 +15,8 @@ using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 class ProgressBar {
  public:
   // unit "B" shows sizes in KB/MB/GB; any other unit is shown as a count. When the stream is not a terminal,
-  // the bar redraws at most every 2 s and uses newlines instead of \r.
+  // the bar redraws at most every 2 s and uses newlines instead of \r. After a second it shows the rate ("B" only)
+  // and the ETA, both measured from the first update.
   ProgressBar(std::ostream& out, std::string label, uint64_t total, std::string unit = "");
   ~ProgressBar();
   void update(uint64_t done);
@@ -28,8 +29,9 @@ class ProgressBar {
   std::ostream& out_;
   std::string label_, unit_;
   uint64_t total_ = 0, done_ = 0;
-  bool tty_ = false, finished_ = false;
-  std::chrono::steady_clock::time_point start_, last_;
+  bool tty_ = false, finished_ = false, started_ = false;
+  uint64_t base_done_ = 0;
+  std::chrono::steady_clock::time_point start_, last_, base_time_;
 };
 
 }  // namespace slm
