@@ -1,13 +1,16 @@
 // slm data build | shard | inspect
 #include <filesystem>
 #include <iostream>
+#include <algorithm>
 #include <memory>
+#include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "slm/data/corpus.h"
 #include "slm/data/shard_builder.h"
 #include "slm/data/shards.h"
 #include "slm/util/error.h"
+#include "slm/util/files.h"
 #include "slm/util/progress.h"
 
 namespace slm::cli {
@@ -33,6 +36,7 @@ struct BuildFlags {
   bool no_tokens = false;
   double near = 0.8;
   std::vector<std::string> source_dirs;
+  std::string licenses = "recipes/data/debian.json";
   int jobs = 2;
   int debug_variants = 6;
   int review_files = 8;
@@ -68,6 +72,20 @@ void run_build(const BuildFlags& f) {
     o.eval_jsonl = f.eval;
   }
   if (!f.no_tokens && fs::exists(f.tokenizer)) o.tokenizer = f.tokenizer;
+  if (!f.source_dirs.empty()) {
+    // The patches of the source packages feed debug and review, under the same license policy as the fetch.
+    const auto cfg = nlohmann::json::parse(read_file(f.licenses), nullptr, false);
+    if (cfg.is_discarded() || !cfg.contains("licenses"))
+      throw Error(f.licenses + ": expected a JSON object with \"licenses\" (see recipes/data/debian.json)");
+    o.patch_licenses = data::LicensePolicy::from_json(cfg["licenses"], f.licenses + ": licenses");
+    for (const auto& sd : f.source_dirs) {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(sd, ec))
+        if (e.is_directory() && fs::exists(e.path() / "debian" / "control")) o.source_packages.push_back(e.path());
+      if (ec) throw Error(sd + ": cannot list the source directory: " + ec.message());
+    }
+    std::sort(o.source_packages.begin(), o.source_packages.end());
+  }
   for (const auto& d : o.domains) {
     auto roots = data::default_roots(d);
     // Unpacked Debian source packages (slm data fetch, scripts/data-deps.sh): the code domains' classifiers look at
@@ -138,7 +156,10 @@ void add_data_command(CLI::App& app) {
   build->add_option("--tokenizer", bf.tokenizer, "tokenizer for the token counts (skipped when missing)")
       ->capture_default_str();
   build->add_flag("--no-tokens", bf.no_tokens, "do not count tokens");
-  build->add_option("--source-dir", bf.source_dirs, "directory of unpacked Debian source packages (apt-get source)");
+  build->add_option("--source-dir", bf.source_dirs,
+                    "directory of unpacked Debian source packages (slm data fetch): code, documentation and patches");
+  build->add_option("--licenses", bf.licenses, "license policy for the source packages' patches (JSON, \"licenses\")")
+      ->capture_default_str();
   build->add_option("--jobs", bf.jobs, "threads for document conversion and the debug/review generators")
       ->capture_default_str();
   build->add_option("--debug-variants", bf.debug_variants, "debug: variants (names, types, sizes) per bug program")

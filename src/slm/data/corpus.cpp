@@ -14,6 +14,7 @@
 #include "slm/data/debian_copyright.h"
 #include "slm/data/decontam.h"
 #include "slm/data/doc_text.h"
+#include "slm/data/gen_patches.h"
 #include "slm/data/hashing.h"
 #include "slm/data/text.h"
 #include "slm/data/tokenizer.h"
@@ -530,6 +531,8 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
       read_docs[i] = std::move(d);
     });
   }
+  std::optional<PatchCorpus> patch_corpus;
+  PatchStats patch_stats;
   // Generated domains, each after the file documents of the domains before it (the first copy of a duplicate
   // is the one kept, so the order is part of the result).
   std::vector<Doc> docs;
@@ -548,6 +551,10 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
     if (domain != "debug" && domain != "review") continue;
     std::vector<GeneratedDoc> gen;
     auto gen_progress = [&](uint64_t done, uint64_t total) { report_progress("generate " + domain, done, total); };
+    if (!o.source_packages.empty() && !patch_corpus) {
+      report_progress("patches", 0, o.source_packages.size());
+      patch_corpus = generate_patch_corpus(o.source_packages, o.patch_licenses, 64000, &patch_stats);
+    }
     if (domain == "debug") {
       DebugStats st;
       gen = generate_debug_corpus(o.debug, &st, gen_progress);
@@ -563,6 +570,11 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
                                    {"diagnostics", st.diagnostics},
                                    {"excerpts", st.documents},
                                    {"excerpts_with_fix", st.with_fix}};
+    }
+    if (patch_corpus) {
+      auto& from_patches = domain == "debug" ? patch_corpus->debug : patch_corpus->review;
+      rep.domains[di].generator["debian_patches"] = patch_stats.to_json();
+      for (auto& g : from_patches) gen.push_back(std::move(g));
     }
     rep.domains[di].candidates += gen.size();
     for (auto& g : gen) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "slm/data/debian_copyright.h"
 #include "slm/data/dedup.h"
 #include "slm/data/gen_debug.h"
 #include "slm/data/gen_review.h"
@@ -61,6 +62,10 @@ struct CorpusOptions {
   double generated_held_out = 0.1;  // validation and test fraction each, for debug and review
   ReviewOptions review;
   RouterOptions router;
+  // Unpacked Debian source packages (slm data fetch): their debian/patches add debug and review documents
+  // (gen_patches.h), taken when `patch_licenses` allows the license of every file a patch changes.
+  std::vector<std::string> source_packages;
+  LicensePolicy patch_licenses;
 };
 
 struct DomainSummary {
