@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACKAGES=(libcli11-dev nlohmann-json3-dev libgtest-dev libgmock-dev libsentencepiece-dev libsentencepiece0
-  libtree-sitter-dev libtree-sitter0 libgloo-dev
+  libtree-sitter-dev libtree-sitter0 libgloo-dev liblzma-dev
   libcpp-httplib-dev libcpp-httplib0.11 libssl-dev zlib1g-dev libbrotli-dev libbrotli1)  # slm serve (+ the headers httplib.h includes)
 mkdir -p .deps/debs .deps/root
 missing=()

@@ -15,7 +15,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 SLM_CUDA=${SLM_CUDA:-OFF}
 TORCH_VERSION=2.11.0
 # Build tools, the test framework, CLI and JSON libraries. Keep in sync with the README's dependency table.
-DEB_PACKAGES=(cmake ninja-build g++ ccache python3 python3-pip libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libsentencepiece-dev libtree-sitter-dev libgloo-dev libcpp-httplib-dev gnuplot-nox
+DEB_PACKAGES=(cmake ninja-build g++ ccache python3 python3-pip libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libsentencepiece-dev libtree-sitter-dev libgloo-dev libcpp-httplib-dev liblzma-dev gnuplot-nox
   clang-tidy cppcheck groff-base)  # the review/design corpus tests run clang-tidy, cppcheck and groff
 
 log() { printf '[setup] %s\n' "$*"; }

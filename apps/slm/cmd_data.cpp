@@ -2,11 +2,13 @@
 #include <filesystem>
 #include <iostream>
 #include <algorithm>
+#include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "slm/data/corpus.h"
+#include "slm/data/pack.h"
 #include "slm/data/shard_builder.h"
 #include "slm/data/shards.h"
 #include "slm/util/error.h"
@@ -188,6 +190,37 @@ void add_data_command(CLI::App& app) {
       std::cout << "| " << g.name << " | " << g.documents << " | " << g.bytes << " | " << g.tokens << " | " << bpt
                 << " | " << g.shards.size() << " |\n";
     }
+  });
+
+  static data::PackOptions po;
+  auto* pack = data->add_subcommand(
+      "pack", "Compressed, checksummed packs of token shards for the GPU machine (slm train --data X.slmpack)");
+  pack->add_option("--input", po.shard_dir, "shard directory (slm data shard)")->required();
+  pack->add_option("--out", po.out_dir, "output directory: <name>-NNNNN.slmpack and packs.json")->required();
+  pack->add_option("--name", po.name, "pack file prefix")->capture_default_str();
+  static double max_mib = 60;
+  pack->add_option("--max-mib", max_mib, "largest pack in MiB (a GPU call carries 64 MiB in all)")
+      ->capture_default_str();
+  pack->add_option("--preset", po.preset, "xz preset, 0 (fast) to 9 (small)")->capture_default_str();
+  pack->add_option("--jobs", po.jobs, "shards compressed at once")->capture_default_str();
+  pack->callback([] {
+    po.max_pack_bytes = static_cast<uint64_t>(max_mib * (1 << 20));
+    ProgressBar bar(std::cerr, "pack", 0, "B");
+    const auto packs = data::write_packs(po, bar.callback());
+    bar.finish();
+    std::cout << "| pack | MiB | tokens | tokens per MiB | raw / packed | files |\n|---|---:|---:|---:|---:|---:|\n";
+    uint64_t bytes = 0, raw = 0, tokens = 0;
+    for (const auto& p : packs) {
+      const double mib = static_cast<double>(p.bytes) / (1 << 20);
+      std::printf("| %s | %.1f | %llu | %.0f | %.2f | %zu |\n", p.file.c_str(), mib,
+                  static_cast<unsigned long long>(p.tokens), static_cast<double>(p.tokens) / mib,
+                  static_cast<double>(p.raw_bytes) / static_cast<double>(p.bytes), p.members.size());
+      bytes += p.bytes, raw += p.raw_bytes, tokens += p.tokens;
+    }
+    std::printf("%zu packs, %.1f MiB, %llu tokens (%.0f per MiB); list with SHA-256 in %s/packs.json\n", packs.size(),
+                static_cast<double>(bytes) / (1 << 20), static_cast<unsigned long long>(tokens),
+                bytes ? static_cast<double>(tokens) / (static_cast<double>(bytes) / (1 << 20)) : 0.0,
+                po.out_dir.c_str());
   });
 
   static std::vector<std::string> inspect_paths;

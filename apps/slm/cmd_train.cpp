@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "slm/data/pack.h"
 #include "slm/train/launch.h"
 #include "slm/train/plot.h"
 #include "slm/train/trainer.h"
@@ -79,13 +80,16 @@ void run_train(TrainCli& o, CLI::App* sub) {
     if (given("--expert-parallel")) ov["expert_parallel"] = o.cfg.expert_parallel;
     if (given("--recompute")) ov["recompute"] = o.cfg.recompute;
     if (given("--bucket-elements")) ov["bucket_elements"] = o.cfg.bucket_elements;
-    for (const char* f : {"--recipe", "--data", "--batch", "--seq-len", "--accum", "--seed", "--optim"})
+    // New data (the next pack of a run spread over several GPU calls): the loader starts over on it.
+    if (given("--data")) ov["data"] = data::resolve_training_data(o.cfg.data, std::cerr);
+    for (const char* f : {"--recipe", "--batch", "--seq-len", "--accum", "--seed", "--optim"})
       if (given(f))
         throw Error(std::string(f) + " cannot change on --resume (the checkpoint's value is used for an exact resume)");
     trainer = std::make_unique<train::Trainer>(train::Trainer::resume(o.resume, ov, std::cerr));
   } else {
     if (o.cfg.recipe.empty() || o.cfg.data.empty())
       throw Error("slm train needs --recipe and --data (or --resume DIR)");
+    o.cfg.data = data::resolve_training_data(o.cfg.data, std::cerr);
     o.cfg.lr.kind = o.schedule == "cosine" ? train::LrSchedule::Kind::Cosine : train::LrSchedule::Kind::Wsd;
     for (const auto& m : o.mix) {
       auto [k, v] = key_value(m, "--mix");
@@ -117,7 +121,8 @@ void add_train_command(CLI::App& app) {
   t->add_option("--recipe", c.recipe, "recipe JSON file");
   t->add_option("--data", c.data,
                 "shard directory from slm data shard: <domain>/{train,validation}-NNNNN.slmtok, or plain "
-                "<prefix>-NNNNN.slmtok (one domain; its last ~1% is held out for validation)");
+                "<prefix>-NNNNN.slmtok (one domain; its last ~1% is held out for validation); or a pack from slm data "
+                "pack (unpacked once into <pack>.d). With --resume: continue on new data (the next pack)");
   t->add_option("--out", c.out,
                 "run directory: checkpoints, metrics.jsonl, config.json (default: out/runs/<recipe file name>, "
                 "with -2, -3, ... when taken)");

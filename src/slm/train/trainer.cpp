@@ -422,6 +422,7 @@ Trainer Trainer::resume(const std::string& dir, const nlohmann::json& overrides,
     throw Error(where + "/meta.json: " + e.what());
   }
   TrainConfig cfg = TrainConfig::from_json(cj);
+  const bool same_data = cfg.data == TrainConfig::from_json(ck.meta.at("config")).data;
   cfg.out = dir;
   const std::string recipe_text = ck.meta.at("recipe_text").get<std::string>();
   auto s = build_state(cfg, recipe_text);
@@ -456,7 +457,9 @@ Trainer Trainer::resume(const std::string& dir, const nlohmann::json& overrides,
     torch::NoGradGuard no_grad;
     for (auto& [name, t] : mine) t.copy_(ck.model.at(name));
   }
-  s->loader->restore(data::LoaderCursor::from_json(ck.meta.at("data_cursor")));
+  // The same data continues exactly where it stopped; new data (the next pack) is read from its beginning.
+  if (same_data) s->loader->restore(data::LoaderCursor::from_json(ck.meta.at("data_cursor")));
+  else log << "slm: resuming on new data " << cfg.data << ": its loader starts at the beginning\n";
   if (auto it = ck.optimizer.find("rng/cpu"); it != ck.optimizer.end()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();  // shares the default generator's state
     std::lock_guard<std::mutex> lock(gen.mutex());
