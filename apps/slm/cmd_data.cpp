@@ -164,9 +164,9 @@ void add_data_command(CLI::App& app) {
       ->capture_default_str();
   build->add_option("--jobs", bf.jobs, "threads for document conversion and the debug/review generators")
       ->capture_default_str();
-  build->add_option("--debug-variants", bf.debug_variants, "debug: variants (names, types, sizes) per bug program")
+  build->add_option("--debug-variants", bf.debug_variants, "debug: variants (names, types, sizes) per bug program; 0: none (only source packages' patches)")
       ->capture_default_str();
-  build->add_option("--review-files", bf.review_files, "review: files per source directory (chosen by path hash)")
+  build->add_option("--review-files", bf.review_files, "review: files per source directory (chosen by path hash); 0: none")
       ->capture_default_str();
   build->callback([] { run_build(bf); });
 

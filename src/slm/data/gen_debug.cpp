@@ -282,6 +282,7 @@ DebugSample run_bug_case(const BugCase& c, int variant, const DebugOptions& o) {
 }
 
 std::vector<GeneratedDoc> generate_debug_corpus(const DebugOptions& o, DebugStats* stats, const ProgressFn& progress) {
+  if (o.variants <= 0) return {};  // off: e.g. only the source packages' patches are wanted
   for (const char* tool : {"g++", "clang++", "gdb", "valgrind"})
     if (!program_available(tool))
       throw Error(std::string("debug corpus: ") + tool + " is not installed (scripts/data-deps.sh installs it)");

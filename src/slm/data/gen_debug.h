@@ -32,7 +32,7 @@ struct BugCase {
 const std::vector<BugCase>& bug_catalogue();
 
 struct DebugOptions {
-  int variants = 6;  // per case
+  int variants = 6;  // per case; 0 turns the generator off
   int jobs = 2;
   std::string work_dir = "/tmp";
   double timeout_s = 60;

@@ -248,6 +248,7 @@ std::vector<GeneratedDoc> review_file(const std::string& path, const ReviewRoot&
 
 std::vector<GeneratedDoc> generate_review_corpus(const ReviewOptions& o, ReviewStats* stats,
                                                  const ProgressFn& progress) {
+  if (o.files_per_root <= 0) return {};  // off: e.g. only the source packages' patches are wanted
   for (const char* tool : {"clang-tidy", "cppcheck", "diff"})
     if (!program_available(tool))
       throw Error(std::string("review corpus: ") + tool + " is not installed (scripts/data-deps.sh installs it)");
