@@ -93,13 +93,16 @@ void run_build(const BuildFlags& f) {
     // Unpacked Debian source packages (slm data fetch, scripts/data-deps.sh): the code domains' classifiers look at
     // each one, and design takes the projects' own documentation (READMEs, Markdown, reStructuredText, doc/ pages),
     // not their test data, build files or vendored copies.
-    const bool code_domain = d == "cpp" || d == "cmake" || d == "shell";
-    const std::vector<std::string> exclude =
+    // The algorithm domain's path rule applies to the packages too, and its files belong to no other domain.
+    const bool from_sources = d == "cpp" || d == "cmake" || d == "shell" || d == "design" || d == "algorithm";
+    std::vector<std::string> exclude =
         d == "design" ? std::vector<std::string>{"/debian/", "CMakeLists.txt", "/test/", "/tests/", "/testdata/",
                                                  "/testsuite/", "/third_party/", "/3rdparty/", "/vendor/",
                                                  "LICENSE", "COPYING", "/po/"}
                       : std::vector<std::string>{"/debian/"};
-    for (const auto& sd : code_domain || d == "design" ? f.source_dirs : std::vector<std::string>{}) {
+    if (d == "cpp" || d == "design")
+      exclude.insert(exclude.end(), data::algorithm_paths().begin(), data::algorithm_paths().end());
+    for (const auto& sd : from_sources ? f.source_dirs : std::vector<std::string>{}) {
       std::error_code ec;
       for (const auto& e : fs::directory_iterator(sd, ec))
         if (e.is_directory()) roots.push_back({e.path().string(), "", "", false, exclude});

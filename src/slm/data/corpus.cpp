@@ -37,7 +37,8 @@ const std::vector<std::string>& implemented_domains() {
 // (Boost.Graph/Algorithm/Geometry algorithms/Heap/Sort and the intrusive tree algorithms, libstdc++'s algorithm,
 // numeric, heap, tree and hash-table implementations and its parallel mode, LLVM's graph traversals, dominator
 // trees and interval structures, Eigen's matrix decompositions, cppreference's algorithm pages, Boost's
-// algorithm-library examples). Matched as path substrings; these files belong to no other domain.
+// algorithm-library examples; in source packages, directories named algorithm(s), algo or sorting). Matched as path
+// substrings; these files belong to no other domain.
 const std::vector<std::string>& algorithm_paths() {
   static const std::vector<std::string> p = {"/usr/include/boost/graph/",
                                              "/usr/include/boost/algorithm/",
@@ -88,7 +89,13 @@ const std::vector<std::string>& algorithm_paths() {
                                              "/libboost1.74-doc/examples/libs/algorithm/",
                                              "/libboost1.74-doc/examples/libs/geometry/",
                                              "/libboost1.74-doc/examples/libs/sort/",
-                                             "/libboost1.74-doc/examples/libs/heap/"};
+                                             "/libboost1.74-doc/examples/libs/heap/",
+                                             // The same rule in any project's tree (slm data fetch): directories
+                                             // that a project names for its algorithms.
+                                             "/algorithm/",
+                                             "/algorithms/",
+                                             "/algo/",
+                                             "/sorting/"};
   return p;
 }
 
