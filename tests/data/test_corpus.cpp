@@ -272,7 +272,8 @@ TEST_F(PlantedCorpus, SourcePackagesCarryEachFilesLicenseAndStayInOneSplit) {
   // (its files share code, so one split per package keeps the held-out sets honest).
   std::vector<std::string> trees;
   for (int p = 0; p < 12; ++p) {
-    const std::string name = "proj" + std::to_string(p), tree = dir + "/data-src/" + name + "_1.0";
+    // Under a directory named "debian", as slm data fetch's cache is: only the packages' own debian/ is excluded.
+    const std::string name = "proj" + std::to_string(p), tree = dir + "/debian/src/" + name + "_1.0";
     write_file(tree + "/debian/control", "Source: " + name + "\nSection: libs\n");
     write_file(tree + "/debian/copyright",
                "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\nFiles: *\n"

@@ -459,8 +459,13 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
         if (ec) break;
         if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
         const std::string path = it->path().string();
-        if (std::any_of(root.exclude.begin(), root.exclude.end(),
-                        [&](const std::string& x) { return path.find(x) != std::string::npos; }))
+        // An exclusion names part of the path below the root: a root that itself lies under, say, a directory
+        // named "debian" (slm data fetch's default cache is out/debian) must not lose every file to "/debian/".
+        if (std::any_of(root.exclude.begin(), root.exclude.end(), [&](const std::string& x) {
+              for (size_t at = path.find(x); at != std::string::npos; at = path.find(x, at + 1))
+                if (at + x.size() > root.path.size()) return true;
+              return false;
+            }))
           continue;
         const uint64_t size = it->file_size(ec);
         if (ec) continue;
