@@ -1,8 +1,8 @@
 // slm data build | shard | inspect
-#include <filesystem>
-#include <iostream>
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -58,7 +58,8 @@ void run_build(const BuildFlags& f) {
     }
   }
   if (o.domains.empty())
-    throw Error("data build: name --domain D (cpp, cmake, shell, debug, review, design, algorithm, orchestration) or --all");
+    throw Error(
+        "data build: name --domain D (cpp, cmake, shell, debug, review, design, algorithm, orchestration) or --all");
   o.out_dir = f.out;
   o.max_bytes_per_domain = static_cast<uint64_t>(f.max_mb * 1e6);
   o.max_file_bytes = static_cast<uint64_t>(f.max_file_mb * 1e6);
@@ -96,9 +97,9 @@ void run_build(const BuildFlags& f) {
     // The algorithm domain's path rule applies to the packages too, and its files belong to no other domain.
     const bool from_sources = d == "cpp" || d == "cmake" || d == "shell" || d == "design" || d == "algorithm";
     std::vector<std::string> exclude =
-        d == "design" ? std::vector<std::string>{"/debian/", "CMakeLists.txt", "/test/", "/tests/", "/testdata/",
-                                                 "/testsuite/", "/third_party/", "/3rdparty/", "/vendor/",
-                                                 "LICENSE", "COPYING", "/po/"}
+        d == "design" ? std::vector<std::string>{"/debian/",   "CMakeLists.txt", "/test/",        "/tests/",
+                                                 "/testdata/", "/testsuite/",    "/third_party/", "/3rdparty/",
+                                                 "/vendor/",   "LICENSE",        "COPYING",       "/po/"}
                       : std::vector<std::string>{"/debian/"};
     if (d == "cpp" || d == "design")
       exclude.insert(exclude.end(), data::algorithm_paths().begin(), data::algorithm_paths().end());
@@ -116,14 +117,17 @@ void run_build(const BuildFlags& f) {
       if (bar) bar->finish();
       phase = ph;
       bar = std::make_unique<ProgressBar>(std::cerr, ph, total,
-                                          ph == "read" ? "B" : ph.starts_with("generate") ? "samples" : "files");
+                                          ph == "read"                 ? "B"
+                                          : ph.starts_with("generate") ? "samples"
+                                                                       : "files");
     }
     bar->set_total(total);
     bar->update(done);
   });
   if (bar) bar->finish();
   for (const auto& d : rep.domains) {
-    for (const auto& m : d.missing_roots) std::cerr << "slm: note: " << d.domain << ": source not installed: " << m << "\n";
+    for (const auto& m : d.missing_roots)
+      std::cerr << "slm: note: " << d.domain << ": source not installed: " << m << "\n";
     if (!d.generator.empty()) std::cerr << "slm: " << d.domain << " generator: " << d.generator.dump() << "\n";
   }
   std::cout << rep.table();
@@ -151,7 +155,8 @@ void add_data_command(CLI::App& app) {
   build->add_option("--out", bf.out, "output directory")->required();
   build->add_option("--max-mb", bf.max_mb, "cap each domain at about this many MB (sampled by path hash); 0 = all")
       ->capture_default_str();
-  build->add_option("--max-file-mb", bf.max_file_mb, "skip files larger than this (generated code)")->capture_default_str();
+  build->add_option("--max-file-mb", bf.max_file_mb, "skip files larger than this (generated code)")
+      ->capture_default_str();
   build->add_option("--val", bf.val, "validation fraction (by source file)")->capture_default_str();
   build->add_option("--test", bf.test, "test fraction (by source file)")->capture_default_str();
   build->add_option("--near", bf.near, "near-duplicate threshold (estimated Jaccard of token 5-shingles)")
@@ -167,14 +172,19 @@ void add_data_command(CLI::App& app) {
       ->capture_default_str();
   build->add_option("--jobs", bf.jobs, "threads for document conversion and the debug/review generators")
       ->capture_default_str();
-  build->add_option("--debug-variants", bf.debug_variants, "debug: variants (names, types, sizes) per bug program; 0: none (only source packages' patches)")
+  build
+      ->add_option("--debug-variants", bf.debug_variants,
+                   "debug: variants (names, types, sizes) per bug program; 0: none (only source packages' patches)")
       ->capture_default_str();
-  build->add_option("--review-files", bf.review_files, "review: files per source directory (chosen by path hash); 0: none")
+  build
+      ->add_option("--review-files", bf.review_files,
+                   "review: files per source directory (chosen by path hash); 0: none")
       ->capture_default_str();
   build->callback([] { run_build(bf); });
 
   static data::ShardBuildOptions so;
-  auto* shard = data->add_subcommand("shard", "Tokenize corpora or text into token shards (BOS + tokens + EOS per document)");
+  auto* shard =
+      data->add_subcommand("shard", "Tokenize corpora or text into token shards (BOS + tokens + EOS per document)");
   shard->alias("shards");
   shard->add_option("--input", so.inputs, "corpus directories, .jsonl files, text files or directories")->required();
   so.tokenizer = kDefaultTokenizer;
@@ -189,7 +199,8 @@ void add_data_command(CLI::App& app) {
     std::cout << "| group | documents | bytes | tokens | bytes/token | shards |\n|---|---:|---:|---:|---:|---:|\n";
     for (const auto& g : groups) {
       char bpt[32];
-      std::snprintf(bpt, sizeof bpt, "%.3f", g.tokens ? static_cast<double>(g.bytes) / static_cast<double>(g.tokens) : 0.0);
+      std::snprintf(bpt, sizeof bpt, "%.3f",
+                    g.tokens ? static_cast<double>(g.bytes) / static_cast<double>(g.tokens) : 0.0);
       std::cout << "| " << g.name << " | " << g.documents << " | " << g.bytes << " | " << g.tokens << " | " << bpt
                 << " | " << g.shards.size() << " |\n";
     }

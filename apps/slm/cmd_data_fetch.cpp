@@ -18,7 +18,7 @@ namespace {
 struct FetchFlags {
   std::string cache = "out/debian";
   std::string config = "recipes/data/debian.json";
-  std::string packages;   // a package list to fetch instead of the selection
+  std::string packages;    // a package list to fetch instead of the selection
   std::string write_list;  // where the list goes ("" = <cache>/packages.txt)
   bool list_only = false;
   bool refresh = false;
@@ -84,11 +84,12 @@ void run_fetch(const FetchFlags& f) {
     for (const auto& p : list) bytes += p.bytes;
     const std::string out = f.write_list.empty() ? f.cache + "/packages.txt" : f.write_list;
     make_parent_dirs(out);
-    write_file_atomic(out, data::format_package_list(
-                               list, "slm data fetch --config " + f.config + ": " + std::to_string(list.size()) +
-                                         " of " + std::to_string(selected) + " selected packages, " +
-                                         std::to_string(bytes / 1000000) + " MB to download\n"
-                                         "NAME VERSION BYTES; fetch exactly these with --packages THIS_FILE"));
+    write_file_atomic(
+        out, data::format_package_list(list, "slm data fetch --config " + f.config + ": " +
+                                                 std::to_string(list.size()) + " of " + std::to_string(selected) +
+                                                 " selected packages, " + std::to_string(bytes / 1000000) +
+                                                 " MB to download\n"
+                                                 "NAME VERSION BYTES; fetch exactly these with --packages THIS_FILE"));
     std::cerr << "slm: " << selected << " packages match " << f.config << "; listed " << list.size() << " ("
               << bytes / 1000000 << " MB to download) in " << out << "\n";
   }

@@ -52,9 +52,10 @@ void add_data_graphs_command(CLI::App* data) {
                 << r.docs.documents << " | " << tokens << " | " << at("train") << " / " << at("validation") << " / "
                 << at("test") << " | " << r.docs.isolated << " | " << r.docs.too_large << " |\n";
       if (r.whole_file_tokens)
-        std::printf("mix: %.1f%% of the C++ tokens are graph documents, %.1f%% whole files (cpp domain)\n",
-                    100.0 * static_cast<double>(tokens) / static_cast<double>(tokens + r.whole_file_tokens),
-                    100.0 * static_cast<double>(r.whole_file_tokens) / static_cast<double>(tokens + r.whole_file_tokens));
+        std::printf(
+            "mix: %.1f%% of the C++ tokens are graph documents, %.1f%% whole files (cpp domain)\n",
+            100.0 * static_cast<double>(tokens) / static_cast<double>(tokens + r.whole_file_tokens),
+            100.0 * static_cast<double>(r.whole_file_tokens) / static_cast<double>(tokens + r.whole_file_tokens));
       std::cout << "wrote " << co.shards_dir << "/" << co.domain << "/{train,validation,test}-NNNNN.slmtok\n";
       return;
     }

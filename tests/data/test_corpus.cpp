@@ -278,7 +278,8 @@ TEST_F(PlantedCorpus, SourcePackagesCarryEachFilesLicenseAndStayInOneSplit) {
     write_file(tree + "/debian/copyright",
                "Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/\n\nFiles: *\n"
                "License: GPL-2+\n\nFiles: vendor/*\nLicense: BSL-1.0\n");
-    for (int f = 0; f < 4; ++f) write_file(tree + "/src/f" + std::to_string(f) + ".cpp", random_code(1000 + p * 10 + f));
+    for (int f = 0; f < 4; ++f)
+      write_file(tree + "/src/f" + std::to_string(f) + ".cpp", random_code(1000 + p * 10 + f));
     write_file(tree + "/vendor/v.hpp", random_code(2000 + p));
     trees.push_back(tree);
   }

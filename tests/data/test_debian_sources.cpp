@@ -50,12 +50,12 @@ TEST(DebianCopyright, LastMatchingFilesParagraphGivesTheLicense) {
   const auto c = DebianCopyright::parse(kDep5);
   EXPECT_TRUE(c.machine_readable());
   EXPECT_EQ(c.license_of("src/a.cpp"), "MIT");
-  EXPECT_EQ(c.license_of("third_party/x/y.h"), "NonFree-Eval-Only");       // '*' crosses '/'
-  EXPECT_EQ(c.license_of("vendor/blob.cpp"), "NonFree-Eval-Only");         // a continuation-line pattern
-  EXPECT_EQ(c.license_of("third_party/ok/z.cpp"), "BSD-3-clause");         // later paragraph wins
-  EXPECT_EQ(c.license_of("src/star*.cpp"), "GPL-2+ or Artistic");          // escaped '*' is literal
+  EXPECT_EQ(c.license_of("third_party/x/y.h"), "NonFree-Eval-Only");  // '*' crosses '/'
+  EXPECT_EQ(c.license_of("vendor/blob.cpp"), "NonFree-Eval-Only");    // a continuation-line pattern
+  EXPECT_EQ(c.license_of("third_party/ok/z.cpp"), "BSD-3-clause");    // later paragraph wins
+  EXPECT_EQ(c.license_of("src/star*.cpp"), "GPL-2+ or Artistic");     // escaped '*' is literal
   EXPECT_EQ(c.license_of("src/starx.cpp"), "MIT");
-  EXPECT_EQ(c.license_of("docs/guide/intro.md"), "CC-BY-NC-4.0");          // "./dir/" as a directory
+  EXPECT_EQ(c.license_of("docs/guide/intro.md"), "CC-BY-NC-4.0");  // "./dir/" as a directory
   EXPECT_EQ(c.main_license(), "MIT");
 }
 
@@ -91,11 +91,11 @@ TEST(LicensePolicy, ExpressionsAlternativesAndExceptions) {
   EXPECT_TRUE(p.allows("GPL-3+ with OpenSSL exception"));
   EXPECT_TRUE(p.allows("BSD-3-clause"));
   EXPECT_TRUE(p.allows("Apache-2"));
-  EXPECT_TRUE(p.allows("NonFree or GPL-2+"));        // either may be chosen
-  EXPECT_FALSE(p.allows("NonFree and GPL-2+"));      // both apply
+  EXPECT_TRUE(p.allows("NonFree or GPL-2+"));    // either may be chosen
+  EXPECT_FALSE(p.allows("NonFree and GPL-2+"));  // both apply
   EXPECT_FALSE(p.allows("GPL-2+, NonFree"));
   EXPECT_TRUE(p.allows("(GPL-2+ and BSD-2-clause) or NonFree"));
-  EXPECT_FALSE(p.allows("LGPL-2.1"));                // not listed: LGPL is not GPL
+  EXPECT_FALSE(p.allows("LGPL-2.1"));  // not listed: LGPL is not GPL
   EXPECT_FALSE(p.allows("CC-BY-NC-4.0"));
   EXPECT_FALSE(p.allows(""));
   EXPECT_FALSE(p.allows("   "));
@@ -109,8 +109,9 @@ TEST(LicensePolicy, TheShippedPolicyKeepsFreeLicensesAndDropsTheRest) {
     EXPECT_TRUE(p.allows(ok)) << ok;
   for (const char* bad : {"CC-BY-NC-4.0", "CC-BY-ND-4.0", "other", "unknown", "NonFree", "", "Proprietary"})
     EXPECT_FALSE(p.allows(bad)) << bad;
-  EXPECT_NE(error_of([] { LicensePolicy::from_json(nlohmann::json{{"allowed", {"MIT", 3}}}, "x.json"); }).find(
-                "x.json: \"allowed\" must hold strings"),
+  EXPECT_NE(error_of([] {
+              LicensePolicy::from_json(nlohmann::json{{"allowed", {"MIT", 3}}}, "x.json");
+            }).find("x.json: \"allowed\" must hold strings"),
             std::string::npos);
   EXPECT_NE(error_of([] { LicensePolicy::from_json(nlohmann::json::object(), "x.json"); }).find("x.json"),
             std::string::npos);
@@ -118,11 +119,20 @@ TEST(LicensePolicy, TheShippedPolicyKeepsFreeLicensesAndDropsTheRest) {
 
 TEST(DebianVersions, OrderMatchesDpkg) {
   // Hand-checked orders from Debian Policy 5.6.12, then the same pairs against dpkg itself when it is installed.
-  const std::vector<std::pair<std::string, std::string>> less = {
-      {"1.0", "1.1"},       {"1.0~rc1", "1.0"},   {"1.0", "1.0-1"},       {"1.0-1", "1.0-2"},
-      {"1.9", "1.10"},      {"1.0", "1:0.1"},     {"2.0~~", "2.0~"},      {"1.0a", "1.0b"},
-      {"1.0", "1.0a"},      {"1.0a", "1.0+"},     {"0.0~git1", "0.0.1"},  {"4:22.12.3-1", "5:0"},
-      {"1.2.3-1~bpo1", "1.2.3-1"}, {"9.1.0+ds1-2", "9.1.0+ds1-10"}};
+  const std::vector<std::pair<std::string, std::string>> less = {{"1.0", "1.1"},
+                                                                 {"1.0~rc1", "1.0"},
+                                                                 {"1.0", "1.0-1"},
+                                                                 {"1.0-1", "1.0-2"},
+                                                                 {"1.9", "1.10"},
+                                                                 {"1.0", "1:0.1"},
+                                                                 {"2.0~~", "2.0~"},
+                                                                 {"1.0a", "1.0b"},
+                                                                 {"1.0", "1.0a"},
+                                                                 {"1.0a", "1.0+"},
+                                                                 {"0.0~git1", "0.0.1"},
+                                                                 {"4:22.12.3-1", "5:0"},
+                                                                 {"1.2.3-1~bpo1", "1.2.3-1"},
+                                                                 {"9.1.0+ds1-2", "9.1.0+ds1-10"}};
   for (const auto& [a, b] : less) {
     EXPECT_LT(compare_debian_versions(a, b), 0) << a << " < " << b;
     EXPECT_GT(compare_debian_versions(b, a), 0) << b << " > " << a;
@@ -185,8 +195,9 @@ Files:
   EXPECT_EQ(selection_verdict(data_pkg, r), "excluded by name");
   r.include = {"alpha"};
   EXPECT_EQ(selection_verdict(idx[0], r), "");
-  EXPECT_NE(error_of([] { SelectionRules::from_json(nlohmann::json{{"buildepends", {"cmake"}}}, "d.json"); })
-                .find("unknown field \"buildepends\""),
+  EXPECT_NE(error_of([] {
+              SelectionRules::from_json(nlohmann::json{{"buildepends", {"cmake"}}}, "d.json");
+            }).find("unknown field \"buildepends\""),
             std::string::npos);
 }
 
@@ -215,8 +226,8 @@ void build_source_package(const std::string& work, const std::string& repo, cons
   write_file(root + "/debian/source/format", "3.0 (native)\n");
   write_file(root + "/debian/control", "Source: " + name +
                                            "\nSection: libs\nPriority: optional\nMaintainer: T <t@example.org>\n"
-                                           "Build-Depends: " + build_depends +
-                                           "\nStandards-Version: 4.6.0\n\nPackage: lib" + name +
+                                           "Build-Depends: " +
+                                           build_depends + "\nStandards-Version: 4.6.0\n\nPackage: lib" + name +
                                            "\nArchitecture: any\nDescription: test\n test\n");
   write_file(root + "/debian/changelog", name + " (" + version +
                                              ") unstable; urgency=medium\n\n  * Test.\n\n -- T <t@example.org>  Mon, "
@@ -261,11 +272,11 @@ TEST(SourceFetcher, FetchesPrunesByLicenseAndResumesFromALocalArchive) {
       {"CMakeLists.txt", "cmake_minimum_required(VERSION 3.16)\nproject(demo CXX)\nadd_library(demo src/a.cpp)\n"},
       {"tools/run", "#!/bin/sh\nset -e\necho running\n"},
       {"README.md", "# demo\n\nA planted package.\n"},
-      {"third_party/lib.cpp", random_code(6)},       // NonFree-Eval-Only: must go
-      {"third_party/ok/fine.cpp", random_code(7)},   // BSD-3-clause: stays
-      {"docs/guide.md", "# guide\n\nnon-commercial text\n"},  // CC-BY-NC: must go
+      {"third_party/lib.cpp", random_code(6)},                                          // NonFree-Eval-Only: must go
+      {"third_party/ok/fine.cpp", random_code(7)},                                      // BSD-3-clause: stays
+      {"docs/guide.md", "# guide\n\nnon-commercial text\n"},                            // CC-BY-NC: must go
       {"data/image.png", std::string("\x89PNG\r\n\x1a\n", 8) + std::string(64, '\0')},  // not corpus material
-      {"src/huge.cpp", std::string(300000, 'x')},    // over max_file_bytes
+      {"src/huge.cpp", std::string(300000, 'x')},                                       // over max_file_bytes
       {"debian/patches/01-fix-crash.patch", "Description: fix a crash\n--- a/src/a.cpp\n+++ b/src/a.cpp\n"},
       {"debian/patches/series", "01-fix-crash.patch\n"},
   };
@@ -300,8 +311,9 @@ TEST(SourceFetcher, FetchesPrunesByLicenseAndResumesFromALocalArchive) {
 
   std::vector<std::string> seen;
   uint64_t last_done = 0, last_total = 0;
-  const auto s = f.fetch(list, false, [&](uint64_t d, uint64_t t) { last_done = d, last_total = t; },
-                         [&](const PackageOutcome& p) { seen.push_back(p.name + ":" + p.status); });
+  const auto s = f.fetch(
+      list, false, [&](uint64_t d, uint64_t t) { last_done = d, last_total = t; },
+      [&](const PackageOutcome& p) { seen.push_back(p.name + ":" + p.status); });
   EXPECT_EQ(seen, (std::vector<std::string>{"demo:ok", "gone:unavailable", "tiny:rejected"}));
   EXPECT_EQ(s.ok, 1u);
   EXPECT_EQ(s.rejected, 1u);
@@ -310,13 +322,13 @@ TEST(SourceFetcher, FetchesPrunesByLicenseAndResumesFromALocalArchive) {
   EXPECT_GT(last_total, 0u);
 
   const std::string root = f.source_dir() + "/demo_1.0";
-  for (const char* kept : {"src/a.cpp", "src/b.h", "src/c.cc", "src/d.hpp", "src/e.cxx", "CMakeLists.txt",
-                           "tools/run", "README.md", "third_party/ok/fine.cpp", "debian/copyright", "debian/control",
-                           "debian/changelog", "debian/patches/01-fix-crash.patch", "debian/patches/series",
-                           ".slm-package.json"})
+  for (const char* kept :
+       {"src/a.cpp", "src/b.h", "src/c.cc", "src/d.hpp", "src/e.cxx", "CMakeLists.txt", "tools/run", "README.md",
+        "third_party/ok/fine.cpp", "debian/copyright", "debian/control", "debian/changelog",
+        "debian/patches/01-fix-crash.patch", "debian/patches/series", ".slm-package.json"})
     EXPECT_EQ(::access((root + "/" + kept).c_str(), F_OK), 0) << kept;
-  for (const char* gone : {"third_party/lib.cpp", "docs/guide.md", "data/image.png", "src/huge.cpp", "debian/rules",
-                           "data", "docs"})
+  for (const char* gone :
+       {"third_party/lib.cpp", "docs/guide.md", "data/image.png", "src/huge.cpp", "debian/rules", "data", "docs"})
     EXPECT_NE(::access((root + "/" + gone).c_str(), F_OK), 0) << gone;
   EXPECT_EQ(test::read_file(root + "/src/a.cpp"), demo_files["src/a.cpp"]);
   const auto rec = f.recorded();

@@ -97,8 +97,11 @@ TEST(DebianPatches, ClassifiesBugFixesBySymptom) {
   EXPECT_EQ(classify_patch(parse_patch(kQuilt)), "");
   EXPECT_EQ(classify_patch({"Fix segfault when the config file is empty", "", "", {}}), "crash");
   EXPECT_EQ(classify_patch({"Avoid a data race on the cache counter", "", "", {}}), "concurrency");
-  EXPECT_EQ(classify_patch({"Initialise member before use", "valgrind: conditional jump depends on uninitialised "
-                                                             "value", "", {}}),
+  EXPECT_EQ(classify_patch({"Initialise member before use",
+                            "valgrind: conditional jump depends on uninitialised "
+                            "value",
+                            "",
+                            {}}),
             "memory");  // the most specific kind named wins: valgrind before "uninitialised"
   EXPECT_EQ(classify_patch({"Fix FTBFS with ICU 72", "", "", {}}), "build");
   EXPECT_EQ(classify_patch({"Add a --quiet option", "", "", {}}), "");
@@ -133,10 +136,12 @@ TEST(DebianPatches, DocumentsFollowTheSeriesAndTheLicenseGate) {
                 {{"02-uaf.patch", kDep3},
                  {"01-gcc13.patch", kGit},
                  {"03-multiarch.patch", kQuilt},
-                 {"04-packaging.patch", "Description: Tweak the packaging only\n--- a/debian/x\n+++ b/debian/x\n"
-                                        "@@ -1 +1 @@\n-a\n+b\n"},
-                 {"05-vendor.patch", "Description: Fix a crash in the vendored zlib\n--- a/vendor/z.c\n"
-                                     "+++ b/vendor/z.c\n@@ -1 +1 @@\n-a\n+b\n"},
+                 {"04-packaging.patch",
+                  "Description: Tweak the packaging only\n--- a/debian/x\n+++ b/debian/x\n"
+                  "@@ -1 +1 @@\n-a\n+b\n"},
+                 {"05-vendor.patch",
+                  "Description: Fix a crash in the vendored zlib\n--- a/vendor/z.c\n"
+                  "+++ b/vendor/z.c\n@@ -1 +1 @@\n-a\n+b\n"},
                  {"06-nodesc.patch", "--- a/src/a.cpp\n+++ b/src/a.cpp\n@@ -1 +1 @@\n-a\n+b\n"}});
   write_file(dir + "/demo/debian/patches/07-unlisted.patch", kDep3);  // not in the series: not applied
   PatchStats st;
@@ -180,8 +185,8 @@ TEST(DebianPatches, BuildCorpusAddsThemToDebugAndReview) {
   o.out_dir = dir + "/out";
   o.roots["debug"] = {};
   o.roots["review"] = {};
-  o.debug.variants = 0;            // no compiled bug programs: only the patches
-  o.review.files_per_root = 0;     // no clang-tidy runs
+  o.debug.variants = 0;         // no compiled bug programs: only the patches
+  o.review.files_per_root = 0;  // no clang-tidy runs
   o.source_packages = {dir + "/src/demo"};
   o.patch_licenses = LicensePolicy({"MIT"});
   o.min_file_bytes = 16;

@@ -46,7 +46,8 @@ class SplitShards {
 
 }  // namespace
 
-CorpusGraphReport build_corpus_graphs(const CorpusGraphOptions& o, const std::function<void(uint64_t, uint64_t)>& progress) {
+CorpusGraphReport build_corpus_graphs(const CorpusGraphOptions& o,
+                                      const std::function<void(uint64_t, uint64_t)>& progress) {
   if (o.shards_dir.empty()) throw Error("graphs: name the shard directory (--shards)");
   const Tokenizer tok = Tokenizer::load(o.tokenizer);
   CorpusGraphReport rep;

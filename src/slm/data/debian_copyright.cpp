@@ -68,7 +68,9 @@ std::vector<Paragraph> paragraphs(std::string_view text) {
 }
 
 // The short name: the first line of a License field.
-std::string short_name(const std::string& value) { return std::string(trim(value.substr(0, value.find('\n')))); }
+std::string short_name(const std::string& value) {
+  return std::string(trim(value.substr(0, value.find('\n'))));
+}
 
 std::string guess_license(std::string_view all) {
   if (all.find("Runtime Library Exception") != std::string_view::npos) return "GPL-3+ with GCC-exception-3.1";

@@ -6,11 +6,10 @@
 // "Files:" paragraphs map glob patterns to a "License:" short name, and the last paragraph whose pattern matches a
 // file gives its license. Older files are free text; for those one license is guessed for the whole package from
 // well-known license texts.
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace slm::data {
 

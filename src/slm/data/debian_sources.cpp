@@ -131,13 +131,18 @@ std::vector<SourcePackage> parse_sources_index(std::istream& in) {
   SourcePackage cur;
   std::string field, value, line;
   auto end_field = [&] {
-    if (field == "package") cur.name = std::string(trim(value));
-    else if (field == "version") cur.version = std::string(trim(value));
-    else if (field == "section") cur.section = std::string(trim(value));
-    else if (field == "directory") cur.directory = std::string(trim(value));
+    if (field == "package")
+      cur.name = std::string(trim(value));
+    else if (field == "version")
+      cur.version = std::string(trim(value));
+    else if (field == "section")
+      cur.section = std::string(trim(value));
+    else if (field == "directory")
+      cur.directory = std::string(trim(value));
     else if (field == "build-depends" || field == "build-depends-arch" || field == "build-depends-indep")
       add_dependencies(value, cur.build_depends);
-    else if (field == "files") cur.bytes = files_bytes(value);
+    else if (field == "files")
+      cur.bytes = files_bytes(value);
     field.clear();
     value.clear();
   };
@@ -145,8 +150,10 @@ std::vector<SourcePackage> parse_sources_index(std::istream& in) {
     end_field();
     if (!cur.name.empty() && !cur.version.empty()) {
       auto it = by_name.find(cur.name);
-      if (it == by_name.end()) by_name.emplace(cur.name, std::move(cur));
-      else if (compare_debian_versions(cur.version, it->second.version) > 0) it->second = std::move(cur);
+      if (it == by_name.end())
+        by_name.emplace(cur.name, std::move(cur));
+      else if (compare_debian_versions(cur.version, it->second.version) > 0)
+        it->second = std::move(cur);
     }
     cur = {};
   };
@@ -179,7 +186,8 @@ SelectionRules SelectionRules::from_json(const nlohmann::json& j, const std::str
   static const std::vector<std::string> known = {"build_depends_any", "include", "exclude", "max_mb", "min_cpp_files"};
   for (const auto& [k, _] : j.items())
     if (std::find(known.begin(), known.end(), k) == known.end())
-      throw Error(where + ": unknown field \"" + k + "\" (known: build_depends_any, include, exclude, max_mb, "
+      throw Error(where + ": unknown field \"" + k +
+                  "\" (known: build_depends_any, include, exclude, max_mb, "
                   "min_cpp_files)");
   SelectionRules r;
   r.build_depends_any = string_list(j, "build_depends_any", where);
@@ -223,8 +231,8 @@ std::vector<ListedPackage> read_package_list(const std::string& path) {
     ListedPackage p;
     std::string extra;
     if (!(w >> p.name >> p.version) || (w >> p.bytes, w.fail() && !w.eof()) || (w >> extra))
-      throw Error(path + ":" + std::to_string(n) + ": expected \"NAME VERSION [BYTES]\", found \"" +
-                  std::string(t) + "\"");
+      throw Error(path + ":" + std::to_string(n) + ": expected \"NAME VERSION [BYTES]\", found \"" + std::string(t) +
+                  "\"");
     out.push_back(std::move(p));
   }
   return out;

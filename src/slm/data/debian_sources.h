@@ -3,11 +3,10 @@
 // packages a corpus is built from, and the package list that makes a corpus reproducible.
 #include <cstdint>
 #include <istream>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json_fwd.hpp>
 
 namespace slm::data {
 

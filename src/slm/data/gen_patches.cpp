@@ -66,9 +66,9 @@ std::string strip_patch_tag(std::string s) {
 
 bool code_file(const std::string& path) {
   const std::string p = "/" + path;
-  return domain_accepts("cpp", p, "") || domain_accepts("cmake", p, "") ||
-         p.ends_with(".c") || p.ends_with(".sh") || p.ends_with("/Makefile") || p.ends_with(".am") ||
-         p.ends_with(".ac") || p.ends_with(".in") || p.ends_with(".pro") || p.ends_with(".py");
+  return domain_accepts("cpp", p, "") || domain_accepts("cmake", p, "") || p.ends_with(".c") || p.ends_with(".sh") ||
+         p.ends_with("/Makefile") || p.ends_with(".am") || p.ends_with(".ac") || p.ends_with(".in") ||
+         p.ends_with(".pro") || p.ends_with(".py");
 }
 
 std::string read_all(const std::string& path) {
@@ -123,15 +123,18 @@ ParsedPatch parse_patch(const std::string& text) {
   // The description: Description/Subject fields with their continuation lines, then free text; git's "---" ends
   // the message (a diffstat follows).
   static const std::array<std::string, 18> dropped = {
-      "origin",      "bug",        "bug-debian",  "bug-ubuntu", "forwarded",     "last-update", "author",
-      "from",        "date",       "reviewed-by", "acked-by",   "signed-off-by", "applied-upstream",
-      "change-id",   "cc",         "index",       "x-git-url",  "co-authored-by"};
+      "origin",           "bug",       "bug-debian", "bug-ubuntu",  "forwarded", "last-update",
+      "author",           "from",      "date",       "reviewed-by", "acked-by",  "signed-off-by",
+      "applied-upstream", "change-id", "cc",         "index",       "x-git-url", "co-authored-by"};
   std::vector<std::string> desc;
   bool in_field = false, keep_field = false;
   for (size_t i = 0; i < diff_at; ++i) {
     const std::string& l = lines[i];
     if (l == "---" || l.starts_with("--- ")) break;  // git's message end (diffstat below), or a quilt separator
-    if (l.starts_with("From ") && l.size() > 45 && std::all_of(l.begin() + 5, l.begin() + 45, [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; })) continue;
+    if (l.starts_with("From ") && l.size() > 45 && std::all_of(l.begin() + 5, l.begin() + 45, [](char c) {
+          return std::isxdigit(static_cast<unsigned char>(c)) != 0;
+        }))
+      continue;
     if (in_field && (l.starts_with(" ") || l.starts_with("\t")) && !trim(l).empty()) {
       if (keep_field) desc.push_back(trim(l) == "." ? "" : trim(l));
       continue;
@@ -167,7 +170,8 @@ ParsedPatch parse_patch(const std::string& text) {
       f = f.substr(0, f.find('\t'));
       f = trim(f);
       if (f == "/dev/null") continue;
-      if (f.starts_with("b/") || f.starts_with("a/")) f = f.substr(2);
+      if (f.starts_with("b/") || f.starts_with("a/"))
+        f = f.substr(2);
       else if (const size_t slash = f.find('/'); slash != std::string::npos && f.find('/') != 0)
         f = f.substr(slash + 1);  // "pkg-1.0.orig/src/x.c" style: the first component is the tree's name
       p.files.push_back(f);
@@ -185,24 +189,63 @@ std::string classify_patch(const ParsedPatch& p) {
   // The first category with a matching phrase wins, most specific first.
   static const std::vector<Category> categories = {
       {"memory",
-       {"use-after-free", "use after free", "buffer overflow", "buffer overrun", "out-of-bounds", "out of bounds",
-        "heap overflow", "stack overflow", "double free", "double-free", "memory leak", "leaks memory", "leaking memory",
-        "leaked memory", "resource leak", "descriptor leak", "fd leak", "addresssanitizer",
-        "asan", "valgrind", "invalid read", "invalid write", "dangling"}},
+       {"use-after-free", "use after free", "buffer overflow", "buffer overrun",  "out-of-bounds", "out of bounds",
+        "heap overflow",  "stack overflow", "double free",     "double-free",     "memory leak",   "leaks memory",
+        "leaking memory", "leaked memory",  "resource leak",   "descriptor leak", "fd leak",       "addresssanitizer",
+        "asan",           "valgrind",       "invalid read",    "invalid write",   "dangling"}},
       {"undefined-behavior",
-       {"undefined behavior", "undefined behaviour", "ubsan", "integer overflow", "signed overflow", "uninitialized", "uninitialised", "uninitialized value", "strict aliasing",
-        "strict-aliasing", "misaligned", "unaligned access", "shift exponent", "sequence point"}},
+       {"undefined behavior", "undefined behaviour", "ubsan", "integer overflow", "signed overflow", "uninitialized",
+        "uninitialised", "uninitialized value", "strict aliasing", "strict-aliasing", "misaligned", "unaligned access",
+        "shift exponent", "sequence point"}},
       {"concurrency",
        {"race condition", "data race", "deadlock", "thread-safe", "thread safe", "threadsanitizer", "tsan", "mutex"}},
       {"crash",
-       {"crash", "crashes", "crashing", "segfault", "segfaults", "segmentation fault", "sigsegv", "null pointer", "nullptr dereference",
-        "null dereference", "dereference", "dereferencing", "sigabrt", "assertion failure", "assertion failed", "abort", "aborts"}},
+       {"crash", "crashes", "crashing", "segfault", "segfaults", "segmentation fault", "sigsegv", "null pointer",
+        "nullptr dereference", "null dereference", "dereference", "dereferencing", "sigabrt", "assertion failure",
+        "assertion failed", "abort", "aborts"}},
       {"build",
-       {"ftbfs", "fails to build", "failed to build", "build failure", "build failures", "fix build", "fix the build",
-        "build fix", "compile error", "compilation error", "compilation failure", "compilation failures", "fails to compile", "does not compile",
-        "doesn't compile", "gcc-10", "gcc-11", "gcc-12", "gcc-13", "gcc-14", "gcc 10", "gcc 11", "gcc 12", "gcc 13", "gcc 14", "gcc13", "gcc12", "missing include", "missing #include", "missing header",
-        "-werror", "undefined reference", "link error", "linker error", "link failure", "c++17", "c++20", "c++11",
-        "error:", "narrowing conversion", "implicit declaration", "incomplete type"}}};
+       {"ftbfs",
+        "fails to build",
+        "failed to build",
+        "build failure",
+        "build failures",
+        "fix build",
+        "fix the build",
+        "build fix",
+        "compile error",
+        "compilation error",
+        "compilation failure",
+        "compilation failures",
+        "fails to compile",
+        "does not compile",
+        "doesn't compile",
+        "gcc-10",
+        "gcc-11",
+        "gcc-12",
+        "gcc-13",
+        "gcc-14",
+        "gcc 10",
+        "gcc 11",
+        "gcc 12",
+        "gcc 13",
+        "gcc 14",
+        "gcc13",
+        "gcc12",
+        "missing include",
+        "missing #include",
+        "missing header",
+        "-werror",
+        "undefined reference",
+        "link error",
+        "linker error",
+        "link failure",
+        "c++17",
+        "c++20",
+        "c++11",
+        "error:",
+        "narrowing conversion",
+        "implicit declaration",
+        "incomplete type"}}};
   // Whole words only: "asan" is not in "pleasant", "abort" not in "aborted" ... (a word ending in '-' or ':' is
   // a prefix by design: "gcc-1" for gcc-10..14).
   auto word_at = [&](const std::string& w) {
@@ -221,9 +264,9 @@ std::string classify_patch(const ParsedPatch& p) {
 }
 
 nlohmann::json PatchStats::to_json() const {
-  return {{"packages", packages},   {"patches", patches},     {"no_description", no_description},
-          {"no_code", no_code},     {"too_large", too_large}, {"license_not_allowed", license},
-          {"debug", debug},         {"review", review},       {"debug_categories", categories}};
+  return {{"packages", packages}, {"patches", patches},     {"no_description", no_description},
+          {"no_code", no_code},   {"too_large", too_large}, {"license_not_allowed", license},
+          {"debug", debug},       {"review", review},       {"debug_categories", categories}};
 }
 
 PatchCorpus generate_patch_corpus(const std::vector<std::string>& package_dirs, const LicensePolicy& licenses,
@@ -282,7 +325,8 @@ PatchCorpus generate_patch_corpus(const std::vector<std::string>& package_dirs, 
       if (!category.empty()) {
         d.meta.domain = "debug";
         t << "Bug: " << p.subject << "\nProject: " << name << " " << version << "\nKind: " << category
-          << "\nFiles: " << files << "\n\nSymptom:\n" << p.subject << "\n";
+          << "\nFiles: " << files << "\n\nSymptom:\n"
+          << p.subject << "\n";
         if (!p.body.empty()) t << "\nDiagnosis:\n" << p.body << "\n";
         t << "\nFix:\n" << p.diff;
         d.text = t.str();
@@ -291,7 +335,8 @@ PatchCorpus generate_patch_corpus(const std::vector<std::string>& package_dirs, 
         out.debug.push_back(std::move(d));
       } else {
         d.meta.domain = "review";
-        t << "Change to " << name << " " << version << " (" << files << ")\n\n" << p.diff << "\nReview:\n"
+        t << "Change to " << name << " " << version << " (" << files << ")\n\n"
+          << p.diff << "\nReview:\n"
           << p.subject << "\n";
         if (!p.body.empty()) t << p.body << "\n";
         d.text = t.str();

@@ -18,9 +18,9 @@
 namespace slm::data {
 
 struct ParsedPatch {
-  std::string subject;      // the first line of the description
-  std::string body;         // the rest of the description (may be empty)
-  std::string diff;         // from the first "--- a/... +++ b/..." (or "diff --git", "Index:") to the end
+  std::string subject;             // the first line of the description
+  std::string body;                // the rest of the description (may be empty)
+  std::string diff;                // from the first "--- a/... +++ b/..." (or "diff --git", "Index:") to the end
   std::vector<std::string> files;  // the changed files ("+++ b/x" without the "b/"), in order
 };
 

@@ -27,7 +27,7 @@ extern const char* const kReviewChecks;
 
 struct ReviewOptions {
   std::vector<ReviewRoot> roots;  // empty: default_review_roots()
-  int files_per_root = 8;        // chosen by a hash of the path: the same files on every machine; 0: off
+  int files_per_root = 8;         // chosen by a hash of the path: the same files on every machine; 0: off
   uint64_t min_file_bytes = 1500, max_file_bytes = 60000;
   int jobs = 2;
   std::string work_dir = "/tmp";

@@ -38,8 +38,10 @@ void list_files(const std::string& dir, const std::string& rel, std::vector<std:
     const std::string path = dir + "/" + n, r = rel.empty() ? n : rel + "/" + n;
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) continue;
-    if (S_ISDIR(st.st_mode)) list_files(path, r, out);
-    else if (S_ISREG(st.st_mode) && !n.ends_with(".tmp")) out.push_back(r);
+    if (S_ISDIR(st.st_mode))
+      list_files(path, r, out);
+    else if (S_ISREG(st.st_mode) && !n.ends_with(".tmp"))
+      out.push_back(r);
   }
 }
 
@@ -83,9 +85,9 @@ struct Unit {
 std::string xz_compress(const std::string& bytes, uint32_t preset) {
   std::string out(lzma_stream_buffer_bound(bytes.size()), '\0');
   size_t pos = 0;
-  const lzma_ret r = lzma_easy_buffer_encode(preset, LZMA_CHECK_CRC64, nullptr,
-                                             reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(),
-                                             reinterpret_cast<uint8_t*>(out.data()), &pos, out.size());
+  const lzma_ret r =
+      lzma_easy_buffer_encode(preset, LZMA_CHECK_CRC64, nullptr, reinterpret_cast<const uint8_t*>(bytes.data()),
+                              bytes.size(), reinterpret_cast<uint8_t*>(out.data()), &pos, out.size());
   if (r != LZMA_OK) throw Error("xz compression failed: " + lzma_message(r));
   out.resize(pos);
   return out;
@@ -95,9 +97,9 @@ std::string xz_decompress(const std::string& packed, uint64_t expected_bytes, co
   std::string out(expected_bytes, '\0');
   uint64_t memlimit = UINT64_MAX;
   size_t in_pos = 0, out_pos = 0;
-  const lzma_ret r = lzma_stream_buffer_decode(&memlimit, 0, nullptr, reinterpret_cast<const uint8_t*>(packed.data()),
-                                               &in_pos, packed.size(), reinterpret_cast<uint8_t*>(out.data()),
-                                               &out_pos, out.size());
+  const lzma_ret r =
+      lzma_stream_buffer_decode(&memlimit, 0, nullptr, reinterpret_cast<const uint8_t*>(packed.data()), &in_pos,
+                                packed.size(), reinterpret_cast<uint8_t*>(out.data()), &out_pos, out.size());
   if (r != LZMA_OK) throw Error(what + ": " + lzma_message(r));
   if (out_pos != expected_bytes || in_pos != packed.size())
     throw Error(what + ": unpacks to " + std::to_string(out_pos) + " bytes, the header says " +

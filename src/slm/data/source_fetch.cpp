@@ -78,7 +78,8 @@ bool exists(const std::string& path) {
 // What the corpora read from debian/: the package's identity and licenses, its history and its patches.
 bool debian_file_kept(const std::string& rel) {
   return rel == "debian/control" || rel == "debian/copyright" || rel == "debian/changelog" ||
-         rel == "debian/source/format" || (rel.starts_with("debian/patches/") && rel.find('/', 15) == std::string::npos);
+         rel == "debian/source/format" ||
+         (rel.starts_with("debian/patches/") && rel.find('/', 15) == std::string::npos);
 }
 
 }  // namespace
@@ -125,8 +126,7 @@ std::string FetchSummary::table() const {
   std::snprintf(dl, sizeof dl, "%.1f MB", static_cast<double>(download_bytes) / 1e6);
   std::snprintf(kb, sizeof kb, "%.1f MB", static_cast<double>(kept_bytes) / 1e6);
   o << "| " << packages << " | " << ok << " | " << rejected << " | " << unavailable << " | " << failed << " | "
-    << skipped << " | " << dl
-    << " | " << kept_files << " | " << kb << " | " << dropped_license_files << " |\n";
+    << skipped << " | " << dl << " | " << kept_files << " | " << kb << " | " << dropped_license_files << " |\n";
   if (!dropped_licenses.empty()) {
     std::vector<std::pair<uint64_t, std::string>> top;
     for (const auto& [l, n] : dropped_licenses) top.emplace_back(n, l);
@@ -157,8 +157,10 @@ SourceFetcher::SourceFetcher(FetchOptions options) : options_(std::move(options)
   std::ostringstream src;
   src << "Types: deb-src\nURIs: " << options_.mirror << "\nSuites: " << options_.suite << "\n";
   if (!options_.component.empty()) src << "Components: " << options_.component << "\n";
-  if (options_.keyring.empty()) src << "Trusted: yes\n";
-  else src << "Signed-By: " << options_.keyring << "\n";
+  if (options_.keyring.empty())
+    src << "Trusted: yes\n";
+  else
+    src << "Signed-By: " << options_.keyring << "\n";
   write_file_atomic(apt + "/sources.list.d/slm.sources", src.str());
   write_file_atomic(apt + "/sources.list", "");
 }
@@ -176,8 +178,8 @@ std::vector<std::string> SourceFetcher::apt_options() const {
   // As root apt downloads as the _apt user, who cannot write into a private directory under /root or /work.
   if (::geteuid() == 0) a.insert(a.end(), {"-o", "APT::Sandbox::User=root"});
   if (options_.rate_mb_s > 0)
-    a.insert(a.end(), {"-o", "Acquire::http::Dl-Limit=" +
-                                 std::to_string(std::max<int64_t>(1, static_cast<int64_t>(options_.rate_mb_s * 1000)))});
+    a.insert(a.end(), {"-o", "Acquire::http::Dl-Limit=" + std::to_string(std::max<int64_t>(
+                                                              1, static_cast<int64_t>(options_.rate_mb_s * 1000)))});
   return a;
 }
 
@@ -213,7 +215,9 @@ std::vector<std::string> index_files(const std::string& lists) {
 }
 }  // namespace
 
-bool SourceFetcher::has_index() const { return !index_files(options_.cache_dir + "/apt/lists").empty(); }
+bool SourceFetcher::has_index() const {
+  return !index_files(options_.cache_dir + "/apt/lists").empty();
+}
 
 std::vector<SourcePackage> SourceFetcher::index() const {
   const auto files = index_files(options_.cache_dir + "/apt/lists");
@@ -384,9 +388,9 @@ FetchSummary SourceFetcher::fetch(const std::vector<ListedPackage>& packages, bo
     ++s.packages;
     auto it = done.find(p.name + " " + p.version);
     // Done before: fetched (and still there), rejected or unavailable. Failed ones are tried again.
-    if (it != done.end() && (it->second.status == "rejected" ||
-                             (it->second.status == "unavailable" && !retry_unavailable) ||
-                             (it->second.status == "ok" && exists(source_dir() + "/" + p.name + "_" + p.version)))) {
+    if (it != done.end() &&
+        (it->second.status == "rejected" || (it->second.status == "unavailable" && !retry_unavailable) ||
+         (it->second.status == "ok" && exists(source_dir() + "/" + p.name + "_" + p.version)))) {
       ++s.skipped;
       so_far += p.bytes;
       if (progress) progress(so_far, total);
@@ -399,10 +403,14 @@ FetchSummary SourceFetcher::fetch(const std::vector<ListedPackage>& packages, bo
       st.flush();
       if (!st) throw Error(state + ": cannot record the fetch state (disk full?)");
     }
-    if (o.status == "ok") ++s.ok;
-    else if (o.status == "rejected") ++s.rejected;
-    else if (o.status == "unavailable") ++s.unavailable;
-    else ++s.failed;
+    if (o.status == "ok")
+      ++s.ok;
+    else if (o.status == "rejected")
+      ++s.rejected;
+    else if (o.status == "unavailable")
+      ++s.unavailable;
+    else
+      ++s.failed;
     s.download_bytes += o.download_bytes;
     s.kept_bytes += o.kept_bytes;
     s.kept_files += o.kept_files;

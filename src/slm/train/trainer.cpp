@@ -458,8 +458,10 @@ Trainer Trainer::resume(const std::string& dir, const nlohmann::json& overrides,
     for (auto& [name, t] : mine) t.copy_(ck.model.at(name));
   }
   // The same data continues exactly where it stopped; new data (the next pack) is read from its beginning.
-  if (same_data) s->loader->restore(data::LoaderCursor::from_json(ck.meta.at("data_cursor")));
-  else log << "slm: resuming on new data " << cfg.data << ": its loader starts at the beginning\n";
+  if (same_data)
+    s->loader->restore(data::LoaderCursor::from_json(ck.meta.at("data_cursor")));
+  else
+    log << "slm: resuming on new data " << cfg.data << ": its loader starts at the beginning\n";
   if (auto it = ck.optimizer.find("rng/cpu"); it != ck.optimizer.end()) {
     at::Generator gen = at::detail::getDefaultCPUGenerator();  // shares the default generator's state
     std::lock_guard<std::mutex> lock(gen.mutex());

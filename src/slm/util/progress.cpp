@@ -13,14 +13,17 @@ std::string amount(uint64_t v, const std::string& unit) {
   char buf[64];
   if (unit == "B") {
     double d = static_cast<double>(v);
-    if (d >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", d / 1e9);
-    else if (d >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", d / 1e6);
-    else if (d >= 1e3) std::snprintf(buf, sizeof buf, "%.1f KB", d / 1e3);
-    else std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(v));
+    if (d >= 1e9)
+      std::snprintf(buf, sizeof buf, "%.2f GB", d / 1e9);
+    else if (d >= 1e6)
+      std::snprintf(buf, sizeof buf, "%.1f MB", d / 1e6);
+    else if (d >= 1e3)
+      std::snprintf(buf, sizeof buf, "%.1f KB", d / 1e3);
+    else
+      std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(v));
     return buf;
   }
-  std::snprintf(buf, sizeof buf, "%llu%s%s", static_cast<unsigned long long>(v), unit.empty() ? "" : " ",
-                unit.c_str());
+  std::snprintf(buf, sizeof buf, "%llu%s%s", static_cast<unsigned long long>(v), unit.empty() ? "" : " ", unit.c_str());
   return buf;
 }
 
@@ -32,7 +35,9 @@ ProgressBar::ProgressBar(std::ostream& out, std::string label, uint64_t total, s
   start_ = last_ = std::chrono::steady_clock::now();
 }
 
-ProgressBar::~ProgressBar() { finish(); }
+ProgressBar::~ProgressBar() {
+  finish();
+}
 
 void ProgressBar::update(uint64_t done) {
   done_ = done;
@@ -96,8 +101,10 @@ void ProgressBar::draw(bool final) {
       line += e;
     }
   }
-  if (tty_) out_ << "\r" << line << "\x1b[K" << (final ? "\n" : "") << std::flush;
-  else out_ << line << "\n" << std::flush;
+  if (tty_)
+    out_ << "\r" << line << "\x1b[K" << (final ? "\n" : "") << std::flush;
+  else
+    out_ << line << "\n" << std::flush;
 }
 
 }  // namespace slm
