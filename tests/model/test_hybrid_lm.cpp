@@ -6,6 +6,7 @@
 #include <set>
 
 #include "model_test_util.h"
+#include "recipe/shipped_recipes.h"
 #include "slm/model/layer_registry.h"
 #include <typeinfo>
 
@@ -76,14 +77,6 @@ void expect_params_match_accounting(const Recipe& r, const torch::TensorOptions&
   EXPECT_EQ(buffers, expected_buffers);
 }
 
-std::vector<std::filesystem::path> shipped_recipes() {
-  std::vector<std::filesystem::path> out;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(source_path("recipes")))
-    if (e.path().extension() == ".json" && e.path().parent_path().filename() != "ensembles") out.push_back(e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 // The dynamic type of a layer is the class the ownership table names for its letter.
 bool has_class(const model::Layer& l, char letter) {
   return std::string(typeid(l).name()).find(model::layer_kind(letter).class_name) != std::string::npos;
@@ -122,9 +115,9 @@ TEST(HybridLM, EngramAndMhcParametersMatchAccountingByNameAndShape) {
 TEST(HybridLM, EveryShippedRecipeBuildsEachLayerAsItsLettersClass) {
   single_threaded();
   int built = 0;
-  for (const auto& path : shipped_recipes()) {
-    SCOPED_TRACE(path.string());
-    Recipe r = load_recipe(path.string());
+  for (const auto& path : test::shipped_recipes()) {
+    SCOPED_TRACE(path);
+    Recipe r = load_recipe(path);
     ModelPlan plan = make_plan(r);
     auto m = std::make_unique<model::HybridLM>(r, kMeta);
     ++built;
@@ -142,7 +135,7 @@ TEST(HybridLM, EveryShippedRecipeBuildsEachLayerAsItsLettersClass) {
       for (size_t i = 0; i < plan.mtp_layers.size(); ++i)
         EXPECT_TRUE(has_class(*mod->layers[i], plan.mtp_layers[i].letter)) << "MTP layer " << i;
   }
-  EXPECT_EQ(built, static_cast<int>(shipped_recipes().size()));
+  EXPECT_EQ(built, static_cast<int>(test::shipped_recipes().size()));
   EXPECT_GE(built, 10);
 }
 

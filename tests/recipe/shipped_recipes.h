@@ -1,5 +1,6 @@
 #pragma once
-// Every recipe the repository ships (recipes/**/*.json except the ensemble manifests), sorted.
+// Every model recipe the repository ships (recipes/**/*.json except the ensemble manifests and the data pipeline's
+// configuration under recipes/data), sorted.
 #include <algorithm>
 #include <filesystem>
 #include <string>
@@ -12,7 +13,9 @@ namespace slm::test {
 inline std::vector<std::string> shipped_recipes() {
   std::vector<std::string> out;
   for (const auto& e : std::filesystem::recursive_directory_iterator(source_path("recipes")))
-    if (e.path().extension() == ".json" && e.path().parent_path().filename() != "ensembles") out.push_back(e.path());
+    if (e.path().extension() == ".json" && e.path().parent_path().filename() != "ensembles" &&
+        e.path().parent_path().filename() != "data")
+      out.push_back(e.path());
   std::sort(out.begin(), out.end());
   return out;
 }
