@@ -312,14 +312,6 @@ std::string record_line(const Doc& d) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string head_of(const std::string& path, size_t n) {
-  std::ifstream in(path, std::ios::binary);
-  std::string s(n, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(n));
-  s.resize(static_cast<size_t>(in.gcount()));
-  return s;
-}
-
 }  // namespace
 
 std::string split_of(const std::string& package, const std::string& path, double validation, double test,
@@ -438,7 +430,7 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
         bool take = root.all_files;
         if (!take) {
           const bool by_name = domain_accepts(domain, path, "");
-          take = by_name || (domain == "shell" && size > 2 && domain_accepts(domain, path, head_of(path, 128)));
+          take = by_name || (domain == "shell" && size > 2 && domain_accepts(domain, path, file_head(path, 128)));
         }
         if (!take || !seen.insert(path).second) continue;
         ++sum.candidates;

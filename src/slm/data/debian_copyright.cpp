@@ -6,23 +6,12 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "slm/data/text.h"
 #include "slm/util/error.h"
 
 namespace slm::data {
 
 namespace {
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
-std::string lower(std::string_view s) {
-  std::string r(s);
-  for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return r;
-}
 
 // One deb822 paragraph: field name (lower case) -> value, continuation lines joined with '\n'.
 struct Paragraph {
@@ -48,19 +37,20 @@ std::vector<Paragraph> paragraphs(std::string_view text) {
     std::string_view line = text.substr(pos, end - pos);
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     pos = end + 1;
-    if (trim(line).empty()) {
+    if (trim_space(line).empty()) {
       flush();
       if (end == text.size()) break;
       continue;
     }
     if (line.front() == '#') continue;
     if (line.front() == ' ' || line.front() == '\t') {
-      if (!cur.fields.empty()) cur.fields.back().second += "\n" + std::string(trim(line));
+      if (!cur.fields.empty()) cur.fields.back().second += "\n" + std::string(trim_space(line));
       continue;
     }
     const size_t colon = line.find(':');
     if (colon == std::string_view::npos) continue;  // not deb822: ignored, the guess decides
-    cur.fields.emplace_back(lower(trim(line.substr(0, colon))), std::string(trim(line.substr(colon + 1))));
+    cur.fields.emplace_back(ascii_lower(trim_space(line.substr(0, colon))),
+                            std::string(trim_space(line.substr(colon + 1))));
     if (end == text.size()) break;
   }
   flush();
@@ -69,7 +59,7 @@ std::vector<Paragraph> paragraphs(std::string_view text) {
 
 // The short name: the first line of a License field.
 std::string short_name(const std::string& value) {
-  return std::string(trim(value.substr(0, value.find('\n'))));
+  return std::string(trim_space(value.substr(0, value.find('\n'))));
 }
 
 std::string guess_license(std::string_view all) {
@@ -185,7 +175,7 @@ std::string DebianCopyright::main_license() const {
 // ---------------------------------------------------------------------------------------------- policy
 
 std::string normalize_license_name(std::string_view name) {
-  std::string n = lower(trim(name));
+  std::string n = ascii_lower(trim_space(name));
   bool changed = true;
   while (changed && !n.empty()) {
     changed = false;
@@ -195,13 +185,14 @@ std::string normalize_license_name(std::string_view name) {
         changed = true;
       }
   }
-  return std::string(trim(n));
+  return std::string(trim_space(n));
 }
 
 LicensePolicy::LicensePolicy(std::vector<std::string> allowed) {
   for (auto& a : allowed) {
     const bool prefix = !a.empty() && a.back() == '*';
-    std::string n = prefix ? lower(trim(std::string_view(a).substr(0, a.size() - 1))) : normalize_license_name(a);
+    std::string n =
+        prefix ? ascii_lower(trim_space(std::string_view(a).substr(0, a.size() - 1))) : normalize_license_name(a);
     if (!n.empty()) allowed_.push_back(prefix ? n + "*" : n);
   }
 }
@@ -220,7 +211,7 @@ LicensePolicy LicensePolicy::from_json(const nlohmann::json& j, const std::strin
 
 bool LicensePolicy::allows_name(std::string name) const {
   // "GPL-2+ with OpenSSL exception": an exception only grants more.
-  const std::string l = lower(name);
+  const std::string l = ascii_lower(name);
   if (const size_t w = l.find(" with "); w != std::string::npos) name = name.substr(0, w);
   const std::string n = normalize_license_name(name);
   if (n.empty()) return false;
@@ -232,11 +223,11 @@ bool LicensePolicy::allows_name(std::string name) const {
 
 bool LicensePolicy::allows(std::string_view expression) const {
   // "or" binds loosest, then "and" (or a comma): GPL-2+ or (BSD-3-clause and MIT).
-  std::string e = std::string(trim(expression));
+  std::string e = std::string(trim_space(expression));
   if (e.empty()) return false;
   for (char& c : e)
     if (c == '(' || c == ')') c = ' ';
-  const std::string le = lower(e);
+  const std::string le = ascii_lower(e);
   auto split = [](const std::string& s, const std::string& ls, const std::vector<std::string>& seps) {
     std::vector<std::string> parts;
     size_t start = 0, i = 0;
@@ -257,10 +248,10 @@ bool LicensePolicy::allows(std::string_view expression) const {
   };
   for (const auto& alternative : split(e, le, {" or ", " | "})) {
     bool all = true, any_part = false;
-    for (const auto& part : split(alternative, lower(alternative), {" and ", ","})) {
-      if (trim(part).empty()) continue;
+    for (const auto& part : split(alternative, ascii_lower(alternative), {" and ", ","})) {
+      if (trim_space(part).empty()) continue;
       any_part = true;
-      if (!allows_name(std::string(trim(part)))) {
+      if (!allows_name(std::string(trim_space(part)))) {
         all = false;
         break;
       }

@@ -8,21 +8,16 @@
 #include <sstream>
 
 #include "slm/data/debian_copyright.h"
+#include "slm/data/text.h"
 #include "slm/util/error.h"
 
 namespace slm::data {
 
 namespace {
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
-  return s;
-}
-
 // "libfoo-dev (>= 1.2) [amd64] <!nocheck>" -> "libfoo-dev"; "python3:any" -> "python3".
 std::string dependency_name(std::string_view d) {
-  d = trim(d);
+  d = trim_space(d);
   const size_t end = d.find_first_of(" \t\n([<");
   std::string_view n = d.substr(0, end);
   if (const size_t colon = n.find(':'); colon != std::string_view::npos) n = n.substr(0, colon);
@@ -132,13 +127,13 @@ std::vector<SourcePackage> parse_sources_index(std::istream& in) {
   std::string field, value, line;
   auto end_field = [&] {
     if (field == "package")
-      cur.name = std::string(trim(value));
+      cur.name = std::string(trim_space(value));
     else if (field == "version")
-      cur.version = std::string(trim(value));
+      cur.version = std::string(trim_space(value));
     else if (field == "section")
-      cur.section = std::string(trim(value));
+      cur.section = std::string(trim_space(value));
     else if (field == "directory")
-      cur.directory = std::string(trim(value));
+      cur.directory = std::string(trim_space(value));
     else if (field == "build-depends" || field == "build-depends-arch" || field == "build-depends-indep")
       add_dependencies(value, cur.build_depends);
     else if (field == "files")
@@ -159,7 +154,7 @@ std::vector<SourcePackage> parse_sources_index(std::istream& in) {
   };
   while (std::getline(in, line)) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (trim(line).empty()) {
+    if (trim_space(line).empty()) {
       end_paragraph();
       continue;
     }
@@ -225,7 +220,7 @@ std::vector<ListedPackage> read_package_list(const std::string& path) {
   std::vector<ListedPackage> out;
   std::string line;
   for (int n = 1; std::getline(in, line); ++n) {
-    const std::string_view t = trim(line);
+    const std::string_view t = trim_space(line);
     if (t.empty() || t.front() == '#') continue;
     std::istringstream w{std::string(t)};
     ListedPackage p;

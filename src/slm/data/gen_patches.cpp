@@ -17,15 +17,7 @@ namespace slm::data {
 namespace {
 
 std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  const size_t e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
-
-std::string lower(std::string s) {
-  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+  return std::string(trim_space(s));
 }
 
 std::vector<std::string> lines_of(const std::string& text) {
@@ -45,7 +37,7 @@ std::string field_name(const std::string& line) {
   if (colon == std::string::npos || colon == 0 || colon > 24) return "";
   for (size_t i = 0; i < colon; ++i)
     if (!std::isalnum(static_cast<unsigned char>(line[i])) && line[i] != '-') return "";
-  return lower(line.substr(0, colon));
+  return ascii_lower(line.substr(0, colon));
 }
 
 bool is_diff_start(const std::vector<std::string>& lines, size_t i) {
@@ -181,7 +173,7 @@ ParsedPatch parse_patch(const std::string& text) {
 }
 
 std::string classify_patch(const ParsedPatch& p) {
-  const std::string d = " " + lower(p.subject + "\n" + p.body) + " ";
+  const std::string d = " " + ascii_lower(p.subject + "\n" + p.body) + " ";
   struct Category {
     const char* name;
     std::vector<const char*> words;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "slm/data/corpus.h"
+#include "slm/data/text.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 #include "slm/util/process.h"
@@ -60,14 +61,6 @@ void walk(const std::string& dir, const std::string& rel, std::vector<std::strin
 uint64_t file_size(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-}
-
-std::string head_of(const std::string& path, size_t n) {
-  std::ifstream in(path, std::ios::binary);
-  std::string s(n, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(n));
-  s.resize(static_cast<size_t>(in.gcount()));
-  return s;
 }
 
 bool exists(const std::string& path) {
@@ -275,7 +268,7 @@ void SourceFetcher::prune(const std::string& root, PackageOutcome& out) const {
       const std::string abs = "/" + rel;  // the classifiers look at path components
       cpp = domain_accepts("cpp", abs, "");
       keep = cpp || domain_accepts("cmake", abs, "") || domain_accepts("design", abs, "") ||
-             domain_accepts("shell", abs, head_of(path, 128));
+             domain_accepts("shell", abs, file_head(path, 128));
       if (keep) {
         const std::string lic = copyright.license_of(rel);
         const std::string shown = lic.empty() ? "(none)" : lic;

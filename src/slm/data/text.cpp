@@ -1,12 +1,33 @@
 #include "slm/data/text.h"
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 
 #include "slm/util/error.h"
 
 namespace slm::data {
+
+std::string_view trim_space(std::string_view s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  return s;
+}
+
+std::string ascii_lower(std::string_view s) {
+  std::string r(s);
+  for (char& c : r) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return r;
+}
+
+std::string file_head(const std::string& path, size_t n) {
+  std::ifstream in(path, std::ios::binary);
+  std::string s(n, '\0');
+  in.read(s.data(), static_cast<std::streamsize>(n));
+  s.resize(static_cast<size_t>(in.gcount()));
+  return s;
+}
 
 namespace fs = std::filesystem;
 
@@ -22,10 +43,14 @@ bool is_valid_utf8(std::string_view s) {
     }
     size_t len;
     uint32_t cp;
-    if ((c & 0xe0) == 0xc0) len = 2, cp = c & 0x1f;
-    else if ((c & 0xf0) == 0xe0) len = 3, cp = c & 0x0f;
-    else if ((c & 0xf8) == 0xf0) len = 4, cp = c & 0x07;
-    else return false;
+    if ((c & 0xe0) == 0xc0)
+      len = 2, cp = c & 0x1f;
+    else if ((c & 0xf0) == 0xe0)
+      len = 3, cp = c & 0x0f;
+    else if ((c & 0xf8) == 0xf0)
+      len = 4, cp = c & 0x07;
+    else
+      return false;
     if (i + len > n) return false;
     for (size_t k = 1; k < len; ++k) {
       if ((p[i + k] & 0xc0) != 0x80) return false;
@@ -63,7 +88,9 @@ std::vector<fs::path> files_under(const fs::path& dir) {
   return out;
 }
 
-bool is_jsonl(const fs::path& p) { return p.extension() == ".jsonl"; }
+bool is_jsonl(const fs::path& p) {
+  return p.extension() == ".jsonl";
+}
 
 }  // namespace
 
@@ -85,9 +112,12 @@ void for_each_text_document(const std::vector<std::string>& inputs, const std::f
   std::error_code ec;
   for (const auto& in : inputs) {
     std::vector<fs::path> files;
-    if (fs::is_directory(in, ec)) files = files_under(in);
-    else if (fs::exists(in, ec)) files.push_back(in);
-    else throw Error(in + ": no such input file or directory");
+    if (fs::is_directory(in, ec))
+      files = files_under(in);
+    else if (fs::exists(in, ec))
+      files.push_back(in);
+    else
+      throw Error(in + ": no such input file or directory");
     for (const auto& f : files) {
       if (is_jsonl(f)) {
         std::ifstream jin(f, std::ios::binary);

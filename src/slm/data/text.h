@@ -3,22 +3,28 @@
 // "text" and the DocumentMeta fields), read one document at a time.
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "slm/data/shards.h"
 
 namespace slm::data {
 
 struct TextDocument {
-  std::string id;    // stable identity: the file path, or "<jsonl path>:<line>"
+  std::string id;  // stable identity: the file path, or "<jsonl path>:<line>"
   std::string text;
   uint64_t raw_bytes = 0;  // bytes this document took in its input (for progress)
   DocumentMeta meta;       // from the .jsonl record; for plain files only `path` is set
 };
+
+// Leading and trailing ASCII white space removed.
+std::string_view trim_space(std::string_view s);
+// ASCII letters in lower case, other bytes as they are.
+std::string ascii_lower(std::string_view s);
+// The first n bytes of a file ("" when it cannot be read): enough to see a shebang.
+std::string file_head(const std::string& path, size_t n);
 
 // Valid UTF-8 without NUL bytes: what the corpora keep (binary and mis-encoded files are dropped).
 bool is_clean_text(std::string_view text);
