@@ -76,3 +76,32 @@ TEST(RmsNorm, GradientsFlowWhereNeeded) {
   auto xb = x.to(torch::kBFloat16);
   EXPECT_EQ(slm::ops::rms_norm(xb, w.to(torch::kBFloat16), 1e-6).scalar_type(), torch::kBFloat16);
 }
+
+// A BF16 input with an FP32 weight (a QK-norm under autocast) on CUDA: the output, the input's gradient and the FP32
+// weight's gradient against float64 (the weight's gradient is Σ_rows x̂ · g, the input's the usual RMSNorm one).
+TEST(RmsNormCuda, Bf16InputWithFp32WeightMatchesFloat64) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(6);
+  const int64_t d = 128;
+  const double eps = 1e-6;
+  auto x64 = torch::randn({64, 4, d}, torch::kDouble) * 2.0;
+  auto w64 = torch::rand({d}, torch::kDouble) + 0.5;
+  auto g64 = torch::randn({64, 4, d}, torch::kDouble);
+  auto x = x64.to(torch::kCUDA, torch::kBFloat16).set_requires_grad(true);
+  auto w = w64.to(torch::kCUDA, torch::kFloat).set_requires_grad(true);
+  auto y = slm::ops::rms_norm(x, w, eps);
+  EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+  (y.to(torch::kDouble) * g64.to(torch::kCUDA)).sum().backward();
+  // The reference reads the same rounded input; autograd in float64 gives its gradients.
+  auto xr = x.detach().to(torch::kCPU, torch::kDouble).set_requires_grad(true);
+  auto wr = w.detach().to(torch::kCPU, torch::kDouble).set_requires_grad(true);
+  auto yr = xr * torch::rsqrt(xr.pow(2).mean(-1, true) + eps) * wr;
+  (yr * g64).sum().backward();
+  auto close = [](const torch::Tensor& a, const torch::Tensor& b, double rel) {
+    return (a.to(torch::kCPU, torch::kDouble) - b).abs().max().item<double>() <= rel * b.abs().max().item<double>();
+  };
+  EXPECT_TRUE(close(y, yr.detach(), 1e-2));
+  EXPECT_TRUE(close(x.grad(), xr.grad(), 2e-2));
+  EXPECT_EQ(w.grad().scalar_type(), torch::kFloat);
+  EXPECT_TRUE(close(w.grad(), wr.grad(), 1e-2));
+}

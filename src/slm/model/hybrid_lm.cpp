@@ -5,6 +5,7 @@
 #include "slm/model/layer_registry.h"
 #include "slm/model/layers/attention.h"
 #include "slm/model/recompute.h"
+#include "slm/ops/cross_entropy.h"
 #include "slm/ops/rms_norm.h"
 #include "slm/recipe/accounting.h"
 #include "slm/util/error.h"
@@ -67,9 +68,9 @@ torch::Tensor HybridLM::embed_tokens(const torch::Tensor& tokens) {
   return ops::rms_norm(x, std::nullopt, recipe_.norm_eps);
 }
 
-torch::Tensor HybridLM::head(const torch::Tensor& normed) {
+torch::Tensor HybridLM::head(const torch::Tensor& normed, bool raw) {
   auto logits = lm_head(normed);
-  return logits.scalar_type() == torch::kDouble ? logits : logits.to(torch::kFloat);
+  return raw || logits.scalar_type() == torch::kDouble ? logits : logits.to(torch::kFloat);
 }
 
 torch::Tensor HybridLM::canonical(const torch::Tensor& tokens) const {
@@ -96,6 +97,10 @@ torch::Tensor HybridLM::trunk(const torch::Tensor& x0, const LayerFn& block, con
 }
 
 ModelOutput HybridLM::forward(const torch::Tensor& tokens, const Documents* docs) {
+  return forward_impl(tokens, docs, false);
+}
+
+ModelOutput HybridLM::forward_impl(const torch::Tensor& tokens, const Documents* docs, bool raw) {
   auto x0 = embed_tokens(tokens);
   if (docs && docs->pos.sizes() != tokens.sizes())
     throw Error("forward: document positions " + shape_text(docs->pos) + " do not match the tokens " +
@@ -119,11 +124,16 @@ ModelOutput HybridLM::forward(const torch::Tensor& tokens, const Documents* docs
   };
   auto x = trunk(x0, block,
                  [&](size_t l, const torch::Tensor& s) { return engram_[l]->forward(s, memory[l], {}, pos).first; });
-  return {head(final_norm(x)), x};
+  return {head(final_norm(x), raw), x};
 }
 
 std::vector<torch::Tensor> HybridLM::mtp_logits(const torch::Tensor& tokens, const torch::Tensor& hidden,
                                                 const Documents* docs) {
+  return mtp_impl(tokens, hidden, docs, false);
+}
+
+std::vector<torch::Tensor> HybridLM::mtp_impl(const torch::Tensor& tokens, const torch::Tensor& hidden,
+                                              const Documents* docs, bool raw) {
   std::vector<torch::Tensor> out;
   const int64_t t = tokens.size(1);
   auto h = hidden;
@@ -133,7 +143,7 @@ std::vector<torch::Tensor> HybridLM::mtp_logits(const torch::Tensor& tokens, con
     std::optional<Documents> part;
     if (docs) part = narrow_documents(*docs, n);
     h = mtp_[k - 1]->forward(h.narrow(1, 0, n), embed(tokens.narrow(1, k, n)), part ? &*part : nullptr);
-    out.push_back(head(mtp_[k - 1]->norm(h)));
+    out.push_back(head(mtp_[k - 1]->norm(h), raw));
   }
   return out;
 }
@@ -147,9 +157,7 @@ std::vector<DsaIndexerImpl*> dsa_indexers(const std::vector<std::shared_ptr<Laye
 }
 
 torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& targets) {
-  return torch::nn::functional::cross_entropy(
-      logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex));
+  return ops::cross_entropy(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}), kIgnoreIndex);
 }
 }  // namespace
 
@@ -166,10 +174,11 @@ LossOutput HybridLM::loss(const torch::Tensor& tokens, const torch::Tensor& targ
     window_docs = doc_ids.to(tokens.device(), torch::kLong);
   }
   LossOutput out;
-  auto fwd = forward(tokens, docs ? &*docs : nullptr);
+  // The logits stay in the head's dtype: the loss reads them as they are (ops/cross_entropy.h).
+  auto fwd = forward_impl(tokens, docs ? &*docs : nullptr, true);
   out.main = cross_entropy(fwd.logits, targets);
   out.total = out.main;
-  auto mtp = mtp_logits(tokens, fwd.hidden, docs ? &*docs : nullptr);
+  auto mtp = mtp_impl(tokens, fwd.hidden, docs ? &*docs : nullptr, true);
   for (size_t i = 0; i < mtp.size(); ++i) {
     const int64_t k = static_cast<int64_t>(i) + 1;
     auto target = targets.narrow(1, k, t - k);

@@ -130,7 +130,12 @@ class HybridLM : public torch::nn::Module {
   torch::Tensor trunk(const torch::Tensor& x0, const LayerFn& block, const LayerFn& memory);
   torch::Tensor canonical(const torch::Tensor& tokens) const;
   torch::Tensor embed_tokens(const torch::Tensor& tokens);
-  torch::Tensor head(const torch::Tensor& normed);
+  // The LM head's logits in FP32 (FP64 stays FP64); raw: in the head's own dtype (BF16 under autocast), for the fused
+  // loss, which reads them without an FP32 copy.
+  torch::Tensor head(const torch::Tensor& normed, bool raw = false);
+  ModelOutput forward_impl(const torch::Tensor& tokens, const Documents* docs, bool raw);
+  std::vector<torch::Tensor> mtp_impl(const torch::Tensor& tokens, const torch::Tensor& hidden, const Documents* docs,
+                                      bool raw);
   torch::Tensor run_cached(const torch::Tensor& tokens, DecodeState& state, bool step, bool last_only = false);
 
   Recipe recipe_;

@@ -56,6 +56,13 @@ at::Tensor rms_norm(const at::Tensor& x, const std::optional<at::Tensor>& weight
   if (!needs_grad && x.is_cpu() && x.scalar_type() == at::kFloat && x.dim() >= 1 &&
       (!has_w || (weight->is_cpu() && weight->scalar_type() == at::kFloat)))
     return rms_norm_cpu_loop(x, weight, eps);
+  // Under BF16 autocast a QK-norm gets a BF16 input and its FP32 weight: mixed dtypes send at::rms_norm to its
+  // composite of about a dozen kernels forward and backward (cast, pow, mean, rsqrt, muls). With the weight in the
+  // input's type it runs the fused kernel pair, which computes in FP32 inside; the weight's gradient comes back to
+  // FP32 through the cast.
+  if (has_w && x.is_cuda() && weight->scalar_type() != x.scalar_type() &&
+      (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf))
+    return at::rms_norm(x, {x.size(-1)}, weight->to(x.scalar_type()), eps);
   return at::rms_norm(x, {x.size(-1)}, weight, eps);
 }
 
