@@ -4,6 +4,7 @@
 // cpp; router requests are labelled with, balanced over and split like their source documents.
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -13,6 +14,7 @@
 #include "slm/data/gen_debug.h"
 #include "slm/data/gen_review.h"
 #include "slm/data/gen_router.h"
+#include "slm/data/hashing.h"
 #include "slm/data/text.h"
 #include "slm/util/process.h"
 
@@ -370,4 +372,34 @@ TEST(RouterRequests, DebugRequestsUseTheToolOutputOrTheProgram) {
   EXPECT_EQ(out.find("int main"), std::string::npos) << out;
   EXPECT_NE(code.find("int main() { return 0; }"), std::string::npos) << code;
   EXPECT_EQ(code.find("AddressSanitizer"), std::string::npos) << code;
+}
+
+// The sampler keeps, per split and domain, only the max_per_domain sources of lowest hash: the requests it makes
+// are cut from exactly those (chosen here by sorting every source's hash), in hash order, and the quota follows the
+// count offered, not the count kept.
+TEST(RouterRequests, SamplerCutsFromTheLowestHashSourcesOnly) {
+  RouterOptions ro;
+  ro.max_per_domain = 3;
+  ro.max_windows_per_doc = 2;
+  std::vector<RouterSource> sources;
+  std::vector<std::pair<uint64_t, std::string>> by_hash;
+  for (int i = 0; i < 12; ++i) {
+    RouterSource s;
+    s.domain = i % 2 ? "cmake" : "shell";
+    s.split = "train";
+    s.meta = {"pkg" + std::to_string(i), "dir/file" + std::to_string(i), "MIT", s.domain};
+    s.text = "line one of source " + std::to_string(i) + "\nline two\n";
+    if (s.domain == "shell")
+      by_hash.emplace_back(hash64(s.meta.package + "\n" + s.meta.path, 0x726f7574ULL), s.meta.path);
+    sources.push_back(s);
+  }
+  std::sort(by_hash.begin(), by_hash.end());
+  RouterSampler sampler(ro);
+  for (const auto& s : sources) sampler.offer(s);
+  std::vector<std::string> shell_paths;
+  for (const auto& g : sampler.requests())
+    if (g.extra["label"] == "shell") shell_paths.push_back(g.meta.path);
+  // 6 shell sources offered: the quota is min(3, 6 * 2) = 3, met by window 0 of the 3 lowest-hash sources.
+  ASSERT_EQ(shell_paths.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(shell_paths[i], by_hash[i].second);
 }

@@ -650,7 +650,7 @@ class Resolver {
         // `A::f()` where f is inherited, or `ns::Type(args)`.
         const std::string cls = resolve_class(c.global ? "::" + c.qualifier : c.qualifier, parts, c);
         if (!cls.empty()) {
-          found = methods(cls, c.name, c, 0);
+          found = methods(cls, c.name, c);
           if (!found.empty()) return by_arity(found, c.args);
         }
         return constructors(resolve_class(c.global ? "::" + rel : rel, parts, c), c);
@@ -679,7 +679,7 @@ class Resolver {
     for (size_t k = parts.size() + 1; k-- > 0;) {
       const std::string prefix = join_scope(parts, k);
       if (class_levels && classes_.count(prefix) && rel.find("::") == std::string::npos) {
-        auto m = methods(prefix, rel, c, 0);
+        auto m = methods(prefix, rel, c);
         if (!m.empty()) return m;
         continue;
       }
@@ -711,8 +711,15 @@ class Resolver {
     return out;
   }
 
-  // A class's methods named `name`, or its bases' when it has none (depth-limited against cyclic bases).
-  std::vector<uint32_t> methods(const std::string& cls, const std::string& name, const CallSite& c, int depth) const {
+  // A class's methods named `name`, or its bases' when it has none. Each class is searched once per lookup: with
+  // misparsed or cyclic bases (macro-heavy C read as C++), a depth limit alone left the search exponential in it.
+  std::vector<uint32_t> methods(const std::string& cls, const std::string& name, const CallSite& c) const {
+    std::unordered_set<std::string> seen;
+    return methods(cls, name, c, 0, seen);
+  }
+  std::vector<uint32_t> methods(const std::string& cls, const std::string& name, const CallSite& c, int depth,
+                                std::unordered_set<std::string>& seen) const {
+    if (!seen.insert(cls).second) return {};
     auto found = candidates(qualify(cls, name), c);
     if (!found.empty() || depth > 8) return found;
     auto it = classes_.find(cls);
@@ -721,7 +728,7 @@ class Resolver {
     for (const auto& b : it->second.bases) {
       const std::string base = resolve_class(b, decl, c);
       if (base.empty() || base == cls) continue;
-      auto m = methods(base, name, c, depth + 1);
+      auto m = methods(base, name, c, depth + 1, seen);
       found.insert(found.end(), m.begin(), m.end());
     }
     return found;
@@ -758,8 +765,13 @@ class Resolver {
 
   // The project class of data member `name` of class `cls` or its bases ("" when the member's type is not a
   // project class); found says whether the member exists at all.
-  std::string field_class(const std::string& cls, const std::string& name, const CallSite& c, int depth,
-                          bool& found) const {
+  std::string field_class(const std::string& cls, const std::string& name, const CallSite& c, bool& found) const {
+    std::unordered_set<std::string> seen;
+    return field_class(cls, name, c, 0, found, seen);
+  }
+  std::string field_class(const std::string& cls, const std::string& name, const CallSite& c, int depth, bool& found,
+                          std::unordered_set<std::string>& seen) const {
+    if (!seen.insert(cls).second) return {};
     auto it = classes_.find(cls);
     if (it == classes_.end() || depth > 8) return {};
     if (auto f = it->second.fields.find(name); f != it->second.fields.end()) {
@@ -769,7 +781,7 @@ class Resolver {
     for (const auto& b : it->second.bases) {
       const std::string base = resolve_class(b, split_scope(it->second.decl_scope), c);
       if (base.empty() || base == cls) continue;
-      std::string r = field_class(base, name, c, depth + 1, found);
+      std::string r = field_class(base, name, c, depth + 1, found, seen);
       if (found) return r;
     }
     return {};
@@ -787,7 +799,7 @@ class Resolver {
     } else if (r == Receiver::kField) {
       // A data member of the caller's class (or a base); otherwise a global or something unknown.
       bool found = false;
-      cls = field_class(innermost_class(parts), c.qualifier, c, 0, found);
+      cls = field_class(innermost_class(parts), c.qualifier, c, found);
       if (found && cls.empty()) return {};  // a member of a library type
       if (!found) r = Receiver::kUnknown;
     }
@@ -802,7 +814,7 @@ class Resolver {
         if ((!fns_[i].file_local || fns_[i].file == fns_[c.caller].file) && fns_[i].accepts(c.args)) vis.push_back(i);
       return vis.size() == 1 ? vis : std::vector<uint32_t>{};
     }
-    return cls.empty() ? std::vector<uint32_t>{} : methods(cls, c.name, c, 0);
+    return cls.empty() ? std::vector<uint32_t>{} : methods(cls, c.name, c);
   }
 
   std::vector<uint32_t> by_arity(const std::vector<uint32_t>& in, int args) const {

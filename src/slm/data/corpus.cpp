@@ -302,7 +302,6 @@ struct Doc {
   std::string split;
   std::string split_key;  // "" = package + path
   nlohmann::json extra = nlohmann::json::object();
-  bool removed = false;
 };
 
 std::string record_line(const Doc& d) {
@@ -468,54 +467,148 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
     rep.domains.push_back(std::move(sum));
   }
 
-  // 2. Read them (converting documentation to text, on o.jobs threads); keep clean UTF-8 text.
-  std::vector<std::optional<Doc>> read_docs(cands.size());
-  std::vector<char> too_small(cands.size(), 0);
-  {
-    uint64_t total_bytes = 0, read_bytes = 0;
-    for (const auto& c : cands) total_bytes += c.size;
-    std::mutex mu;
-    parallel_for(cands.size(), o.jobs, [&](size_t i) {
-      const auto& c = cands[i];
-      std::string text;
-      try {
-        const bool convert =
-            !c.format.empty() || c.path.ends_with(".gz") || c.path.ends_with(".html") || c.path.ends_with(".htm");
-        text = convert ? document_text(c.path, c.format) : read_file_bytes(c.path);
-      } catch (const Error&) {
-        text.clear();
-      }
-      std::lock_guard<std::mutex> lock(mu);
-      read_bytes += c.size;
-      report_progress("read", read_bytes, total_bytes);
-      if (text.empty() || !is_clean_text(text)) return;
-      if (text.size() < o.min_file_bytes) {
-        too_small[i] = 1;
+  // 2. Documents flow through in candidate order, a batch at a time: read (converting documentation to text) and
+  // counted on o.jobs threads, then deduplicated (exact and near, across all domains; the first copy is kept),
+  // decontaminated, split and written one by one, so that memory holds one batch of text, not the corpus. Each
+  // debug and review generator's documents follow that domain's files: the order is part of the result.
+  std::optional<Tokenizer> tok;
+  if (!o.tokenizer.empty()) tok = Tokenizer::load(o.tokenizer);
+  std::map<std::pair<size_t, std::string>, std::ofstream> outs;
+  for (size_t di = 0; di < o.domains.size(); ++di) {
+    make_dirs((fs::path(o.out_dir) / o.domains[di]).string());
+    for (const char* s : {"train", "validation", "test"}) {
+      auto p = fs::path(o.out_dir) / o.domains[di] / (std::string(s) + ".jsonl");
+      auto& f = outs[{di, s}];
+      f.open(p, std::ios::binary | std::ios::trunc);
+      if (!f) throw Error(p.string() + ": cannot write");
+    }
+  }
+  auto write = [&](Doc& d, std::optional<uint64_t> tokens) {
+    auto& sum = rep.domains[d.domain];
+    ++sum.documents;
+    sum.bytes += d.text.size();
+    ++sum.split_docs[d.split];
+    sum.split_bytes[d.split] += d.text.size();
+    if (tok) {
+      const uint64_t n = tokens ? *tokens : tok->encode(d.text).size();
+      sum.tokens += n;
+      sum.split_tokens[d.split] += n;
+    }
+    outs[{d.domain, d.split}] << record_line(d) << "\n";
+  };
+  const auto orch = std::find(o.domains.begin(), o.domains.end(), "orchestration");
+  const bool router = orch != o.domains.end();
+  RouterSampler sampler(o.router);
+  std::set<std::string> in_run;  // domains whose documents this run offered to the router
+  Deduplicator dedup(o.minhash);
+  std::optional<Decontaminator> dc;
+  if (!o.eval_jsonl.empty()) dc.emplace(load_eval_problems(o.eval_jsonl), o.decontam_ngram);
+  int64_t next_id = 0;  // the dedup id of the next document; kept_meta remembers the kept ones for the report
+  std::unordered_map<int64_t, std::pair<size_t, std::string>> kept_meta;  // id -> domain, path
+  auto held_out = [&](size_t di) {
+    const bool few_sources = o.domains[di] == "debug" || o.domains[di] == "review";
+    return few_sources ? std::max({o.validation_fraction, o.test_fraction, o.generated_held_out}) : -1.0;
+  };
+  // Dedup, decontamination, split (by source file, or by the generator's key: a bug case, a reviewed file),
+  // then the router's sample and the file.
+  auto take = [&](Doc& d, std::optional<uint64_t> tokens) {
+    const int64_t id = next_id++;
+    auto r = dedup.offer(id, d.text);
+    auto& sum = rep.domains[d.domain];
+    if (r.verdict != Deduplicator::Verdict::kUnique) {
+      const auto& kept = kept_meta.at(r.duplicate_of);
+      (r.verdict == Deduplicator::Verdict::kExact ? sum.exact_dups : sum.near_dups)++;
+      if (kept.first != d.domain) ++sum.cross_domain_dups;
+      rep.removed.push_back(
+          {{"reason", r.verdict == Deduplicator::Verdict::kExact ? "exact-duplicate" : "near-duplicate"},
+           {"domain", d.meta.domain},
+           {"package", d.meta.package},
+           {"path", d.meta.path},
+           {"duplicate_of", kept.second},
+           {"similarity", r.similarity}});
+      return;
+    }
+    kept_meta[id] = {d.domain, d.meta.path};
+    if (dc) {
+      auto hit = dc->check(d.text);
+      if (hit.contaminated) {
+        ++sum.contaminated;
+        rep.removed.push_back({{"reason", "contaminated"},
+                               {"domain", d.meta.domain},
+                               {"package", d.meta.package},
+                               {"path", d.meta.path},
+                               {"problem", hit.problem},
+                               {"matching_ngrams", hit.matches}});
         return;
       }
-      Doc d;
-      d.domain = c.domain;
-      d.meta = {c.package, c.path, c.license, o.domains[c.domain]};
-      if (c.split_by_package) d.split_key = "package:" + c.package;
-      d.text = std::move(text);
-      read_docs[i] = std::move(d);
-    });
-  }
+    }
+    const double h = held_out(d.domain);
+    const double val = h >= 0 ? h : o.validation_fraction, test = h >= 0 ? h : o.test_fraction;
+    d.split = d.split_key.empty() ? split_of(d.meta.package, d.meta.path, val, test, o.split_seed)
+                                  : split_of(d.split_key, "", val, test, o.split_seed);
+    if (router && o.domains[d.domain] != "orchestration") {
+      sampler.offer({o.domains[d.domain], d.split, d.meta, d.text});
+      in_run.insert(o.domains[d.domain]);
+    }
+    write(d, tokens);
+  };
+
+  uint64_t total_bytes = 0, read_bytes = 0;
+  for (const auto& c : cands) total_bytes += c.size;
+  constexpr uint64_t kBatchBytes = 64ull << 20;
   std::optional<PatchCorpus> patch_corpus;
   PatchStats patch_stats;
-  // Generated domains, each after the file documents of the domains before it (the first copy of a duplicate
-  // is the one kept, so the order is part of the result).
-  std::vector<Doc> docs;
   size_t next_cand = 0;
   for (size_t di = 0; di < o.domains.size(); ++di) {
-    for (; next_cand < cands.size() && cands[next_cand].domain == di; ++next_cand) {
-      auto& rd = read_docs[next_cand];
-      if (!rd) {
-        ++(too_small[next_cand] ? rep.domains[di].dropped_size : rep.domains[di].dropped_unclean);
-        continue;
+    while (next_cand < cands.size() && cands[next_cand].domain == di) {
+      size_t end = next_cand;
+      for (uint64_t bytes = 0;
+           end < cands.size() && cands[end].domain == di && (end == next_cand || bytes < kBatchBytes); ++end)
+        bytes += cands[end].size;
+      struct Read {
+        std::optional<Doc> doc;
+        uint64_t tokens = 0;
+        bool too_small = false;
+      };
+      std::vector<Read> batch(end - next_cand);
+      std::mutex mu;
+      parallel_for(batch.size(), o.jobs, [&](size_t j) {
+        const auto& c = cands[next_cand + j];
+        std::string text;
+        try {
+          const bool convert =
+              !c.format.empty() || c.path.ends_with(".gz") || c.path.ends_with(".html") || c.path.ends_with(".htm");
+          text = convert ? document_text(c.path, c.format) : read_file_bytes(c.path);
+        } catch (const Error&) {
+          text.clear();
+        }
+        {
+          std::lock_guard<std::mutex> lock(mu);
+          read_bytes += c.size;
+          report_progress("read", read_bytes, total_bytes);
+        }
+        if (text.empty() || !is_clean_text(text)) return;
+        if (text.size() < o.min_file_bytes) {
+          batch[j].too_small = true;
+          return;
+        }
+        if (tok) batch[j].tokens = tok->encode(text).size();
+        Doc d;
+        d.domain = c.domain;
+        d.meta = {c.package, c.path, c.license, o.domains[c.domain]};
+        if (c.split_by_package) d.split_key = "package:" + c.package;
+        d.text = std::move(text);
+        batch[j].doc = std::move(d);
+      });
+      for (auto& b : batch) {
+        if (!b.doc) {
+          ++(b.too_small ? rep.domains[di].dropped_size : rep.domains[di].dropped_unclean);
+          continue;
+        }
+        if (b.doc->meta.license.empty()) b.doc->meta.license = licenses.lookup(b.doc->meta.package);
+        take(*b.doc, b.tokens);
       }
-      if (rd->meta.license.empty()) rd->meta.license = licenses.lookup(rd->meta.package);
-      docs.push_back(std::move(*rd));
+      next_cand = end;
     }
     const std::string& domain = o.domains[di];
     if (domain != "debug" && domain != "review") continue;
@@ -545,9 +638,11 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
       auto& from_patches = domain == "debug" ? patch_corpus->debug : patch_corpus->review;
       rep.domains[di].generator["debian_patches"] = patch_stats.to_json();
       for (auto& g : from_patches) gen.push_back(std::move(g));
+      from_patches.clear();
     }
     rep.domains[di].candidates += gen.size();
-    for (auto& g : gen) {
+    for (size_t i = 0; i < gen.size(); ++i) {
+      auto& g = gen[i];
       Doc d;
       d.domain = di;
       d.meta = std::move(g.meta);
@@ -555,92 +650,32 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
       d.text = std::move(g.text);
       d.split_key = std::move(g.split_key);
       d.extra = std::move(g.extra);
-      docs.push_back(std::move(d));
+      take(d, std::nullopt);
+      if (i % 64 == 0 || i + 1 == gen.size()) report_progress("dedup " + domain, i + 1, gen.size());
     }
   }
 
-  // 3. Exact and near duplicates, across all domains in order (the first copy is kept).
-  Deduplicator dedup(o.minhash);
-  for (size_t i = 0; i < docs.size(); ++i) {
-    auto r = dedup.offer(static_cast<int64_t>(i), docs[i].text);
-    if (r.verdict != Deduplicator::Verdict::kUnique) {
-      auto& d = docs[i];
-      auto& kept = docs[static_cast<size_t>(r.duplicate_of)];
-      d.removed = true;
-      auto& sum = rep.domains[d.domain];
-      (r.verdict == Deduplicator::Verdict::kExact ? sum.exact_dups : sum.near_dups)++;
-      if (kept.domain != d.domain) ++sum.cross_domain_dups;
-      rep.removed.push_back(
-          {{"reason", r.verdict == Deduplicator::Verdict::kExact ? "exact-duplicate" : "near-duplicate"},
-           {"domain", d.meta.domain},
-           {"package", d.meta.package},
-           {"path", d.meta.path},
-           {"duplicate_of", kept.meta.path},
-           {"similarity", r.similarity}});
-    }
-    if (i % 64 == 0 || i + 1 == docs.size()) report_progress("dedup", i + 1, docs.size());
-  }
-
-  // 4. Decontamination against the evaluation problems.
-  if (!o.eval_jsonl.empty()) {
-    Decontaminator dc(load_eval_problems(o.eval_jsonl), o.decontam_ngram);
-    for (size_t i = 0; i < docs.size(); ++i) {
-      auto& d = docs[i];
-      if (d.removed) continue;
-      auto hit = dc.check(d.text);
-      if (hit.contaminated) {
-        d.removed = true;
-        ++rep.domains[d.domain].contaminated;
-        rep.removed.push_back({{"reason", "contaminated"},
-                               {"domain", d.meta.domain},
-                               {"package", d.meta.package},
-                               {"path", d.meta.path},
-                               {"problem", hit.problem},
-                               {"matching_ngrams", hit.matches}});
-      }
-      if (i % 64 == 0 || i + 1 == docs.size()) report_progress("decontaminate", i + 1, docs.size());
-    }
-  }
-
-  // 5. Split by source file (or by the generator's split key: a bug case, a reviewed file).
-  auto held_out = [&](size_t di) {
-    const bool few_sources = o.domains[di] == "debug" || o.domains[di] == "review";
-    return few_sources ? std::max({o.validation_fraction, o.test_fraction, o.generated_held_out}) : -1.0;
-  };
-  for (auto& d : docs) {
-    if (d.removed) continue;
-    const double h = held_out(d.domain);
-    const double val = h >= 0 ? h : o.validation_fraction, test = h >= 0 ? h : o.test_fraction;
-    d.split = d.split_key.empty() ? split_of(d.meta.package, d.meta.path, val, test, o.split_seed)
-                                  : split_of(d.split_key, "", val, test, o.split_seed);
-  }
-
-  // 6. Router requests from the other domains' documents (this run's, else those already in out_dir), each in
+  // 3. Router requests from the other domains' documents (this run's, else those already in out_dir), each in
   // its source document's split. Deduplicated among themselves only: they are windows of those documents.
-  const auto orch = std::find(o.domains.begin(), o.domains.end(), "orchestration");
-  if (orch != o.domains.end()) {
+  if (router) {
     const size_t oi = static_cast<size_t>(orch - o.domains.begin());
-    std::vector<RouterSource> sources;
-    std::set<std::string> in_run;
-    for (const auto& d : docs)
-      if (!d.removed) {
-        sources.push_back({o.domains[d.domain], d.split, d.meta, d.text});
-        in_run.insert(o.domains[d.domain]);
-      }
     for (const auto& dom : implemented_domains()) {
       if (dom == "orchestration" || in_run.count(dom)) continue;
       for (const char* sp : {"train", "validation", "test"}) {
         const std::string f = (fs::path(o.out_dir) / dom / (std::string(sp) + ".jsonl")).string();
         if (!fs::exists(f)) continue;
-        for_each_text_document({f}, [&](const TextDocument& t) { sources.push_back({dom, sp, t.meta, t.text}); });
+        for_each_text_document({f}, [&](const TextDocument& t) {
+          sampler.offer({dom, sp, t.meta, t.text});
+          in_run.insert(dom);
+        });
       }
     }
-    if (sources.empty())
+    if (in_run.empty())
       throw Error(
           "data build: orchestration needs the other domains' documents: build them in the same run or "
           "earlier into " +
           o.out_dir);
-    auto requests = make_router_requests(sources, o.router);
+    auto requests = sampler.requests();
     rep.domains[oi].candidates = requests.size();
     // Duplicates are removed first, then every label is trimmed to the smallest label's count in each split, so
     // the balance survives deduplication.
@@ -676,48 +711,15 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
       d.text = std::move(g.text);
       d.split = g.split;
       d.extra = std::move(g.extra);
-      docs.push_back(std::move(d));
+      if (dc && dc->check(d.text).contaminated) {
+        ++rep.domains[oi].contaminated;
+        continue;
+      }
+      write(d, std::nullopt);
     }
     rep.domains[oi].generator = {{"requests_per_label_and_split", per_label}, {"trimmed_for_balance", trimmed}};
-    if (!o.eval_jsonl.empty()) {
-      Decontaminator dc(load_eval_problems(o.eval_jsonl), o.decontam_ngram);
-      for (auto& d : docs)
-        if (d.domain == oi && dc.check(d.text).contaminated) {
-          d.removed = true;
-          ++rep.domains[oi].contaminated;
-        }
-    }
   }
 
-  // 7. Write (and count tokens).
-  std::optional<Tokenizer> tok;
-  if (!o.tokenizer.empty()) tok = Tokenizer::load(o.tokenizer);
-  std::map<std::pair<size_t, std::string>, std::ofstream> outs;
-  for (size_t di = 0; di < o.domains.size(); ++di) {
-    make_dirs((fs::path(o.out_dir) / o.domains[di]).string());
-    for (const char* s : {"train", "validation", "test"}) {
-      auto p = fs::path(o.out_dir) / o.domains[di] / (std::string(s) + ".jsonl");
-      auto& f = outs[{di, s}];
-      f.open(p, std::ios::binary | std::ios::trunc);
-      if (!f) throw Error(p.string() + ": cannot write");
-    }
-  }
-  for (size_t i = 0; i < docs.size(); ++i) {
-    auto& d = docs[i];
-    if (d.removed) continue;
-    auto& sum = rep.domains[d.domain];
-    ++sum.documents;
-    sum.bytes += d.text.size();
-    ++sum.split_docs[d.split];
-    sum.split_bytes[d.split] += d.text.size();
-    if (tok) {
-      const uint64_t n = tok->encode(d.text).size();
-      sum.tokens += n;
-      sum.split_tokens[d.split] += n;
-    }
-    outs[{d.domain, d.split}] << record_line(d) << "\n";
-    if (i % 64 == 0 || i + 1 == docs.size()) report_progress(tok ? "tokenize+write" : "write", i + 1, docs.size());
-  }
   for (auto& [k, f] : outs) {
     f.close();
     if (!f) throw Error(o.out_dir + ": write failed");

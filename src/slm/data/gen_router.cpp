@@ -127,29 +127,47 @@ std::string router_request(const RouterSource& s, int k, const RouterOptions& o)
   return (mix64(key ^ 3) % 4 == 0) ? window + "\n\n" + instruction : instruction + "\n\n" + window;
 }
 
-std::vector<GeneratedDoc> make_router_requests(const std::vector<RouterSource>& sources, const RouterOptions& o) {
-  // (split, domain) -> source indices in a hash order (a deterministic sample, spread over packages).
-  std::map<std::string, std::map<std::string, std::vector<std::pair<uint64_t, size_t>>>> groups;
-  for (size_t i = 0; i < sources.size(); ++i) {
-    const auto& s = sources[i];
-    groups[s.split][s.domain].emplace_back(hash64(s.meta.package + "\n" + s.meta.path, 0x726f7574ULL), i);
+namespace {
+bool before(uint64_t ha, uint64_t sa, uint64_t hb, uint64_t sb) {
+  return ha != hb ? ha < hb : sa < sb;
+}
+}  // namespace
+
+void RouterSampler::offer(const RouterSource& s) {
+  const uint64_t h = hash64(s.meta.package + "\n" + s.meta.path, 0x726f7574ULL), seq = seq_++;
+  Group& g = groups_[s.split][s.domain];
+  ++g.offered;
+  auto cmp = [](const Kept& a, const Kept& b) { return before(a.hash, a.seq, b.hash, b.seq); };
+  if (g.heap.size() < o_.max_per_domain) {
+    g.heap.push_back({h, seq, s});
+    std::push_heap(g.heap.begin(), g.heap.end(), cmp);
+  } else if (!g.heap.empty() && before(h, seq, g.heap.front().hash, g.heap.front().seq)) {
+    std::pop_heap(g.heap.begin(), g.heap.end(), cmp);
+    g.heap.back() = {h, seq, s};
+    std::push_heap(g.heap.begin(), g.heap.end(), cmp);
   }
+}
+
+std::vector<GeneratedDoc> RouterSampler::requests() const {
   std::vector<GeneratedDoc> out;
-  for (auto& [split, by_domain] : groups) {
-    uint64_t per_domain = o.max_per_domain;
-    for (auto& [domain, idx] : by_domain) {
-      std::sort(idx.begin(), idx.end());
-      per_domain = std::min<uint64_t>(per_domain, idx.size() * static_cast<uint64_t>(o.max_windows_per_doc));
-    }
-    for (const auto& [domain, idx] : by_domain) {
-      // Round-robin over the documents: window 0 of every document, then window 1, ... until the quota is met.
+  for (const auto& [split, by_domain] : groups_) {
+    uint64_t per_domain = o_.max_per_domain;
+    for (const auto& [domain, g] : by_domain)
+      per_domain = std::min<uint64_t>(per_domain, g.offered * static_cast<uint64_t>(o_.max_windows_per_doc));
+    for (const auto& [domain, g] : by_domain) {
+      // The kept sources in hash order (a deterministic sample, spread over packages); round-robin over them:
+      // window 0 of every document, then window 1, ... until the quota is met.
+      std::vector<const Kept*> idx;
+      for (const auto& k : g.heap) idx.push_back(&k);
+      std::sort(idx.begin(), idx.end(),
+                [](const Kept* a, const Kept* b) { return before(a->hash, a->seq, b->hash, b->seq); });
       uint64_t made = 0;
-      for (int k = 0; k < o.max_windows_per_doc && made < per_domain; ++k)
+      for (int k = 0; k < o_.max_windows_per_doc && made < per_domain; ++k)
         for (size_t n = 0; n < idx.size() && made < per_domain; ++n, ++made) {
-          const auto& s = sources[idx[n].second];
+          const auto& s = idx[n]->source;
           GeneratedDoc d;
           d.meta = {s.meta.package, s.meta.path, s.meta.license, "orchestration"};
-          d.text = router_request(s, k, o);
+          d.text = router_request(s, k, o_);
           d.split = split;
           d.extra = {{"label", domain}, {"window", k}};
           out.push_back(std::move(d));
@@ -157,6 +175,12 @@ std::vector<GeneratedDoc> make_router_requests(const std::vector<RouterSource>& 
     }
   }
   return out;
+}
+
+std::vector<GeneratedDoc> make_router_requests(const std::vector<RouterSource>& sources, const RouterOptions& o) {
+  RouterSampler sampler(o);
+  for (const auto& s : sources) sampler.offer(s);
+  return sampler.requests();
 }
 
 }  // namespace slm::data

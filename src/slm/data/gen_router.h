@@ -12,6 +12,7 @@
 // Balance: in every split each domain contributes the same number of requests: the smallest domain's capacity
 // (documents x max_windows_per_doc), capped at max_per_domain. Split: a request is in its source document's split.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -32,6 +33,29 @@ struct RouterOptions {
 };
 
 std::vector<GeneratedDoc> make_router_requests(const std::vector<RouterSource>& sources, const RouterOptions& o);
+
+// The same requests from sources offered one at a time: per (split, domain) it keeps the count offered and the
+// max_per_domain sources of lowest hash, the only ones make_router_requests ever cuts windows from, so a corpus
+// build need not hold every document in memory. Offer order breaks hash ties as the index order does above.
+class RouterSampler {
+ public:
+  explicit RouterSampler(RouterOptions o) : o_(o) {}
+  void offer(const RouterSource& s);
+  std::vector<GeneratedDoc> requests() const;
+
+ private:
+  struct Kept {
+    uint64_t hash, seq;
+    RouterSource source;
+  };
+  struct Group {
+    uint64_t offered = 0;
+    std::vector<Kept> heap;  // a max-heap on (hash, seq): its top is the first to give way
+  };
+  RouterOptions o_;
+  uint64_t seq_ = 0;
+  std::map<std::string, std::map<std::string, Group>> groups_;  // split -> domain
+};
 
 // One request (exposed for tests): window k of a source document with its instruction.
 std::string router_request(const RouterSource& s, int k, const RouterOptions& o);
