@@ -16,11 +16,16 @@ void add_data_graphs_command(CLI::App* data) {
   o.tokenizer = "tokenizer/slm-code-32k.model";
   auto* g = data->add_subcommand("graphs", "Context-graph documents (callers, target, callees) from C++ sources");
   static std::string corpus;
+  static double parse_budget = data::CorpusGraphOptions{}.package_parse_budget_s;
   g->add_option("--src", o.graph.src_dir, "C++ source directory (scanned recursively)");
   g->add_option("--out", o.out, "output .jsonl (one document per target; with --src)");
   g->add_option("--corpus", corpus,
                 "instead of --src: a corpus from slm data build; each package's cpp files of each split become one "
                 "graph, written as <shards>/cpp-graphs/<split>-NNNNN.slmtok (needs --shards)");
+  g->add_option("--parse-budget", parse_budget,
+                "with --corpus: seconds of parsing per package, after which its remaining files stay whole files "
+                "only (0: no limit)")
+      ->capture_default_str();
   g->add_option("--budget", o.docs.budget, "tokens per document, BOS/EOS included (tiny recipes: e.g. 2048)")
       ->capture_default_str();
   g->add_option("--depth", o.docs.depth, "1: direct callers/callees only; 2: their callers/callees fill the rest")
@@ -40,17 +45,20 @@ void add_data_graphs_command(CLI::App* data) {
       co.shards_dir = o.shards;
       co.tokenizer = o.tokenizer;
       co.docs = o.docs;
+      co.package_parse_budget_s = parse_budget;
       ProgressBar bar(std::cerr, "graphs", 0, "packages");
       const auto r = data::build_corpus_graphs(co, bar.callback());
       bar.finish();
       uint64_t tokens = 0;
       for (const auto& [_, t] : r.split_tokens) tokens += t;
       std::cout << "| packages | files | functions | edges | documents | tokens | train / validation / test tokens | "
-                   "isolated (skipped) | too large (skipped) |\n|---:|---:|---:|---:|---:|---:|---|---:|---:|\n";
+                   "isolated (skipped) | too large (skipped) | files not parsed |\n"
+                   "|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|\n";
       auto at = [&](const char* s) { return r.split_tokens.count(s) ? r.split_tokens.at(s) : uint64_t{0}; };
       std::cout << "| " << r.packages << " | " << r.files << " | " << r.functions << " | " << r.edges << " | "
                 << r.docs.documents << " | " << tokens << " | " << at("train") << " / " << at("validation") << " / "
-                << at("test") << " | " << r.docs.isolated << " | " << r.docs.too_large << " |\n";
+                << at("test") << " | " << r.docs.isolated << " | " << r.docs.too_large << " | " << r.files_skipped
+                << " |\n";
       if (r.whole_file_tokens)
         std::printf(
             "mix: %.1f%% of the C++ tokens are graph documents, %.1f%% whole files (cpp domain)\n",

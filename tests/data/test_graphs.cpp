@@ -183,6 +183,41 @@ TEST(GraphExtract, AmbiguousCallsPreferIncludedFilesAndOtherwiseGetNoEdge) {
   EXPECT_EQ(g.callees[fn("e.cc", "e(0)")], picks);
 }
 
+TEST(GraphExtract, ParseBudgetSkipsTheRestOfAGraphsFiles) {
+  // Once a graph has spent its parse budget (here: anything at all), its remaining files are skipped with a warning
+  // naming the budget; the files parsed before it keep their functions.
+  std::vector<std::pair<std::string, std::string>> files = {{"a.cc", "int f() { return 1; }\n"},
+                                                            {"b.cc", "int g() { return f(); }\n"},
+                                                            {"c.cc", "int h() { return g(); }\n"}};
+  data::CallGraphOptions o;
+  o.time_budget_s = 1e-12;
+  const CallGraph g = data::build_call_graph(files, o);
+  EXPECT_EQ(function_keys(g), std::set<std::string>{"f(0)"});
+  EXPECT_EQ(g.files_skipped, 2u);
+  ASSERT_EQ(g.warnings.size(), 2u);
+  EXPECT_NE(g.warnings[0].find("b.cc: skipped: over the graph's parse time budget"), std::string::npos)
+      << g.warnings[0];
+  o.time_budget_s = 0;  // no limit: all three
+  EXPECT_EQ(function_keys(data::build_call_graph(files, o)), (std::set<std::string>{"f(0)", "g(0)", "h(0)"}));
+}
+
+TEST(GraphExtract, MethodSearchThroughDiamondAndCyclicBases) {
+  // A diamond reaches the shared base's method (once); bases that name each other in a cycle (misparsed code) end
+  // the search instead of walking the cycle.
+  const CallGraph g = data::build_call_graph(std::vector<std::pair<std::string, std::string>>{
+      {"d.h",
+       "struct D { int m() { return 1; } };\nstruct B : D {};\nstruct C : D {};\n"
+       "struct A : B, C { int run() { return this->m(); } };\n"},
+      {"cycle.h",
+       "struct P : Q, R {};\nstruct Q : P, R {};\nstruct R : P, Q { int r() { return this->missing(); } };\n"}});
+  uint32_t run = 0, m = 0;
+  for (uint32_t i = 0; i < g.functions.size(); ++i) {
+    if (g.functions[i].name == "run") run = i;
+    if (g.functions[i].name == "m") m = i;
+  }
+  EXPECT_EQ(g.callees[run], std::vector<uint32_t>{m});
+}
+
 TEST(GraphExtract, ArityDefaultsVariadicAndUnknownReceivers) {
   const CallGraph g = data::build_call_graph(std::vector<std::pair<std::string, std::string>>{
       {"x.cc",

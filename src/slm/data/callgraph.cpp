@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -144,15 +146,22 @@ TSNode field(TSNode n, const char* name) {
   return ts_node_child_by_field_name(n, name, static_cast<uint32_t>(std::strlen(name)));
 }
 
-// Children through a cursor (ts_node_child(i) is linear in i, so indexing a long list would be quadratic).
+// Children through a cursor (ts_node_child(i) is linear in i, so indexing a long list would be quadratic). fn
+// takes (TSNode) or (TSNode, field name). Only the second asks for field names: the cursor finds one by walking its
+// stack of hidden ancestors, which in error recovery's long flat runs is as deep as the run, so asking for every child
+// was quadratic (minutes on one file of a package, aws-crt-python).
 template <typename Fn>
 void for_each_child(TSNode n, Fn&& fn) {
   TSTreeCursor c = ts_tree_cursor_new(n);
   if (ts_tree_cursor_goto_first_child(&c)) {
     do {
       TSNode ch = ts_tree_cursor_current_node(&c);
-      const char* f = ts_tree_cursor_current_field_name(&c);
-      fn(ch, f ? f : "");
+      if constexpr (std::is_invocable_v<Fn, TSNode>) {
+        fn(ch);
+      } else {
+        const char* f = ts_tree_cursor_current_field_name(&c);
+        fn(ch, f ? f : "");
+      }
     } while (ts_tree_cursor_goto_next_sibling(&c));
   }
   ts_tree_cursor_delete(&c);
@@ -161,7 +170,7 @@ void for_each_child(TSNode n, Fn&& fn) {
 int count_arguments(TSNode args) {
   if (ts_node_is_null(args)) return 0;
   int n = 0;
-  for_each_child(args, [&](TSNode ch, const char*) {
+  for_each_child(args, [&](TSNode ch) {
     if (ts_node_is_named(ch) && !is(ch, "comment")) ++n;
   });
   return n;
@@ -302,7 +311,7 @@ class FileParser {
   }
 
   void visit_children(TSNode n, int depth) {
-    for_each_child(n, [&](TSNode ch, const char*) { visit(ch, depth + 1); });
+    for_each_child(n, [&](TSNode ch) { visit(ch, depth + 1); });
   }
 
   void visit(TSNode n, int depth) {
@@ -311,7 +320,7 @@ class FileParser {
     if (ts_node_child_count(n) == 0) token_bytes_ += ts_node_end_byte(n) - ts_node_start_byte(n);
     if (std::strcmp(t, "ERROR") == 0) {
       // An ERROR node often wraps well-parsed code around one macro; only its loose tokens went unparsed.
-      for_each_child(n, [&](TSNode ch, const char*) {
+      for_each_child(n, [&](TSNode ch) {
         if (ts_node_child_count(ch) == 0) error_bytes_ += ts_node_end_byte(ch) - ts_node_start_byte(ch);
         visit(ch, depth + 1);
       });
@@ -382,9 +391,9 @@ class FileParser {
     const std::string q = qualify(global ? "" : outer, join_scope(parts, parts.size()));
     ClassInfo& ci = classes_[q];
     ci.decl_scope = outer;
-    for_each_child(n, [&](TSNode ch, const char*) {
+    for_each_child(n, [&](TSNode ch) {
       if (!is(ch, "base_class_clause")) return;
-      for_each_child(ch, [&](TSNode b, const char*) {
+      for_each_child(ch, [&](TSNode b) {
         TypeRef r = type_of(b);
         if (!r.name.empty()) ci.bases.push_back(r.name);
       });
@@ -415,7 +424,7 @@ class FileParser {
   void visit_using(TSNode n) {
     bool is_namespace = false;
     TSNode target{};
-    for_each_child(n, [&](TSNode ch, const char*) {
+    for_each_child(n, [&](TSNode ch) {
       if (!ts_node_is_named(ch) && text(ch) == "namespace") is_namespace = true;
       if (is(ch, "identifier") || is(ch, "qualified_identifier") || is(ch, "namespace_identifier")) target = ch;
     });
@@ -459,13 +468,13 @@ class FileParser {
     bool in_anonymous = false, in_class = !class_stack_.empty();
     for (const auto& s : scope_) in_anonymous |= s.anonymous;
     bool is_static = false;
-    for_each_child(n, [&](TSNode ch, const char*) {
+    for_each_child(n, [&](TSNode ch) {
       if (is(ch, "storage_class_specifier") && text(ch) == "static") is_static = true;
     });
     f.file_local = in_anonymous || (is_static && !in_class && parts.empty());
     // Parameters: defaults lower the minimum; "..." and packs make it open-ended; (void) is none.
     TSNode params = field(decl, "parameters");
-    for_each_child(params, [&](TSNode p, const char*) {
+    for_each_child(params, [&](TSNode p) {
       if (is(p, "parameter_declaration")) {
         if (ts_node_is_null(field(p, "declarator")) && text(field(p, "type")) == "void") return;
         ++f.min_args;
@@ -494,7 +503,7 @@ class FileParser {
     locals_.clear();
     cur_fn_ = static_cast<int>(functions_.size());
     functions_.push_back(std::move(f));
-    for_each_child(params, [&](TSNode p, const char*) {
+    for_each_child(params, [&](TSNode p) {
       TSNode id = declarator_name(field(p, "declarator"));
       if (!ts_node_is_null(id)) locals_[text(id)] = type_of(field(p, "type"));
     });
@@ -583,7 +592,7 @@ class FileParser {
   // `Base(args)` or a delegating `Self(args)` in a constructor's initializer list (members resolve to nothing).
   void visit_field_initializer(TSNode n) {
     TSNode name{}, args{};
-    for_each_child(n, [&](TSNode ch, const char*) {
+    for_each_child(n, [&](TSNode ch) {
       if (is(ch, "argument_list") || is(ch, "initializer_list"))
         args = ch;
       else if (ts_node_is_named(ch) && ts_node_is_null(name))
@@ -891,7 +900,6 @@ class GraphBuilder {
     if (!ts_parser_set_language(parser_.get(), tree_sitter_cpp()))
       throw Error("tree-sitter-cpp grammar ABI " + std::to_string(ts_language_version(tree_sitter_cpp())) +
                   " does not match the tree-sitter runtime");
-    ts_parser_set_timeout_micros(parser_.get(), 30'000'000);  // a pathological file must not stall the run
   }
 
   void skip(const std::string& rel, const std::string& why) {
@@ -903,12 +911,18 @@ class GraphBuilder {
     auto skip = [&](const std::string& why) { this->skip(rel, why); };
     if (src.size() > o_.max_file_bytes) return skip("larger than " + std::to_string(o_.max_file_bytes) + " bytes");
     if (!is_clean_text(src)) return skip("not UTF-8 text (binary or another encoding)");
+    if (o_.time_budget_s > 0 && parse_s_ >= o_.time_budget_s)
+      return skip("over the graph's parse time budget of " + std::to_string(o_.time_budget_s) + " s");
     const std::string masked = mask_export_macros(src);
+    const uint64_t limit_ms = o_.parse_ms_base + o_.parse_ms_per_mb * src.size() / (1u << 20);
+    ts_parser_set_timeout_micros(parser_.get(), 1000 * limit_ms);
+    const auto t0 = std::chrono::steady_clock::now();
     std::unique_ptr<TSTree, TreeDeleter> tree(
         ts_parser_parse_string(parser_.get(), nullptr, masked.data(), static_cast<uint32_t>(masked.size())));
+    parse_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!tree) {
       ts_parser_reset(parser_.get());
-      return skip("the parser gave up (timeout)");
+      return skip("the parser gave up after " + std::to_string(limit_ms) + " ms");
     }
     TSNode root = ts_tree_root_node(tree.get());
     const size_t fn_before = functions_.size(), calls_before = calls_.size();
@@ -1015,6 +1029,7 @@ class GraphBuilder {
   std::vector<CallSite> calls_;
   std::vector<FileUsing> usings_;
   std::vector<uint32_t> file_of_;
+  double parse_s_ = 0;  // spent in the parser so far
 };
 
 }  // namespace

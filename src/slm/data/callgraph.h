@@ -53,7 +53,12 @@ struct CallGraphOptions {
   // A file is skipped as unparseable when more of its token bytes than this are syntax errors and it yields no
   // function definition.
   double max_error_fraction = 0.5;
-  std::vector<std::string> exclude;     // skip paths containing any of these substrings
+  std::vector<std::string> exclude;  // skip paths containing any of these substrings
+  // tree-sitter's error recovery can take minutes on a pathological file (deep macro soup): a file's parse stops
+  // after parse_ms_base + parse_ms_per_mb per MB of its size and the file is skipped, and once a graph has spent
+  // time_budget_s (0 = no limit) on parsing, its remaining files are skipped, each with a warning.
+  uint64_t parse_ms_base = 2000, parse_ms_per_mb = 4000;
+  double time_budget_s = 0;
 };
 
 // Is this a C++ source or header name (.cc .cpp .cxx .c++ .C .h .hh .hpp .hxx .h++ .ipp .inl .tcc)?

@@ -79,12 +79,15 @@ CorpusGraphReport build_corpus_graphs(const CorpusGraphOptions& o,
       rep.files += files.size();
       CallGraph g;
       try {
-        g = build_call_graph(files);
+        CallGraphOptions go;
+        go.time_budget_s = o.package_parse_budget_s;
+        g = build_call_graph(files, go);
       } catch (const Error&) {
         files.clear();  // nothing parseable: the whole files still stand in the cpp domain
         return;
       }
       rep.functions += g.functions.size();
+      rep.files_skipped += g.files_skipped;
       rep.edges += g.edge_count();
       std::vector<std::vector<uint32_t>> piece_ids(g.functions.size());
       std::vector<uint64_t> piece_tokens(g.functions.size());

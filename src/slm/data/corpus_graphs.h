@@ -21,10 +21,12 @@ struct CorpusGraphOptions {
   GraphDocOptions docs;
   std::string work_dir = "/tmp";  // each package's tree is written here while it is parsed
   uint64_t max_shard_tokens = 64ull << 20;
+  double package_parse_budget_s = 120;  // per package (CallGraphOptions::time_budget_s); 0 = no limit
 };
 
 struct CorpusGraphReport {
   uint64_t packages = 0, files = 0, functions = 0, edges = 0;
+  uint64_t files_skipped = 0;  // not parsed: too large, not text, the parser's time limit or the package's budget
   GraphDocStats docs;
   std::map<std::string, uint64_t> split_documents, split_tokens;
   uint64_t whole_file_tokens = 0;  // the cpp domain's own tokens, for the mix
