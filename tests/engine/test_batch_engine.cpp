@@ -84,6 +84,40 @@ TEST(BatchEngine, EachOfSixteenRequestsGetsItsTokensAlone) {
   EXPECT_EQ(eng->stats().running, 0);
 }
 
+// Prompts waiting together whose first chunks are equally long run that chunk in one forward: those that fit in it
+// take their first token and pool row from it, longer ones continue chunk by chunk from their row of it. Each still
+// gets exactly the tokens it gets alone. The engine is held (its model lock) while the requests arrive, so they wait
+// together.
+TEST(BatchEngine, EqualFirstChunksPrefillTogetherAndGetTheirTokensAlone) {
+  test::single_threaded();
+  auto m = hybrid_model(13);
+  const std::vector<int64_t> lengths = {7, 7, 13, 7, 7, 13, 7}, max_tokens = {1, 4, 5, 6, 3, 4, 2};
+  std::vector<std::vector<int64_t>> prompts, expected;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    prompts.push_back(prompt_of(lengths[i], 300 + i));
+    expected.push_back(test::greedy_reference(*m, prompts.back(), max_tokens[i], {}, {}));
+  }
+  DecodeEngineOptions o;
+  o.slots = 8;
+  o.prefill_chunk = 8;  // 7-token prompts fit in one chunk; 13-token ones need two
+  EngineModel em{m};
+  auto eng = make_batch_engine(em, o);
+  std::vector<Sink> sinks(prompts.size());
+  {
+    std::lock_guard hold(*em.in_use);
+    for (size_t i = 0; i < prompts.size(); ++i)
+      eng->submit({prompts[i], {0.0, 1.0, 0, 0}, max_tokens[i], {}}, sinks[i].callbacks());
+  }
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const auto r = sinks[i].wait();
+    EXPECT_EQ(r.finish, Finish::kLength) << "request " << i << ": " << r.error;
+    EXPECT_EQ(sinks[i].tokens, expected[i]) << "request " << i;
+  }
+  // At most the first request started alone; the other 7-token prompts went together, and so did the 13-token ones.
+  EXPECT_GE(eng->stats().batched_prompts, 6);
+  EXPECT_EQ(eng->stats().running, 0);
+}
+
 TEST(BatchEngine, SampledRequestsRepeatAloneAndAmongOthers) {
   test::single_threaded();
   auto m = hybrid_model(12);

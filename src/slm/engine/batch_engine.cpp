@@ -148,13 +148,19 @@ class BatchEngine final : public QueuedEngine {
 
   // The longest saved prefix of q's prompt restored into q's new prompt state; returns its logits when it is the
   // whole prompt.
-  torch::Tensor restore_prefix(Sequence& q) {
-    const auto& prompt = q.job->request.prompt;
+  // The longest saved prefix of prompt, or null.
+  SavedPrefix* longest_saved(const std::vector<int64_t>& prompt) {
     SavedPrefix* best = nullptr;
     for (auto& s : saved_)
       if (s.tokens.size() <= prompt.size() && (!best || s.tokens.size() > best->tokens.size()) &&
           std::equal(s.tokens.begin(), s.tokens.end(), prompt.begin()))
         best = &s;
+    return best;
+  }
+
+  torch::Tensor restore_prefix(Sequence& q) {
+    const auto& prompt = q.job->request.prompt;
+    SavedPrefix* best = longest_saved(prompt);
     if (!best) return {};
     const auto k = static_cast<int64_t>(best->tokens.size());
     q.prompt_state->copy_row(best->state, 0, 0, k);
@@ -165,8 +171,8 @@ class BatchEngine final : public QueuedEngine {
     return k == static_cast<int64_t>(prompt.size()) ? best->logits : torch::Tensor();
   }
 
-  // Keeps q's state after its first q.prefilled prompt tokens (logits: what follows them).
-  void save_prefix(const Sequence& q, const torch::Tensor& logits) {
+  // Keeps q's state after its first q.prefilled prompt tokens (logits: what follows them): row `row` of `state`.
+  void save_prefix(const Sequence& q, const model::DecodeState& state, int64_t row, const torch::Tensor& logits) {
     const int64_t k = q.prefilled, budget = options_.prefix_cache_tokens;
     if (k > budget) return;
     const auto& prompt = q.job->request.prompt;
@@ -183,7 +189,7 @@ class BatchEngine final : public QueuedEngine {
     }
     SavedPrefix s{std::vector<int64_t>(prompt.begin(), prompt.begin() + k), model_.model->new_state(1, k),
                   logits.clone(), ++clock_};
-    s.state.copy_row(*q.prompt_state, 0, 0, k);
+    s.state.copy_row(state, row, 0, k);
     s.state.shift_length(k);
     saved_tokens_ += k;
     saved_.push_back(std::move(s));
@@ -193,6 +199,7 @@ class BatchEngine final : public QueuedEngine {
   // from the longest saved state of its first tokens; chunks end at multiples of prefill_chunk (so a prompt
   // restored at such a boundary runs exactly the chunks it would run without the cache), where the state is saved.
   void prefill_chunk() {
+    if (prefill_first_chunks()) return;
     auto& m = *model_.model;
     Sequence& q = prefilling_.front();
     const auto& prompt = q.job->request.prompt;
@@ -215,7 +222,7 @@ class BatchEngine final : public QueuedEngine {
                 .to(device_);
         logits = m.prefill_last(ids, *q.prompt_state);
         q.prefilled = end;
-        if (options_.prefix_cache_tokens > 0) save_prefix(q, logits);
+        if (options_.prefix_cache_tokens > 0) save_prefix(q, *q.prompt_state, 0, logits);
       }
       if (q.prefilled < n) return;
       id =
@@ -233,6 +240,83 @@ class BatchEngine final : public QueuedEngine {
     q.next = id;
     if (deliver(q, id)) rows_.push_back(std::move(q));
     prefilling_.pop_front();
+  }
+
+  // Prompts that have not started (no state, no saved prefix) and whose first chunk is as long as the oldest one's
+  // run that chunk in one forward of [prompts, chunk] tokens instead of one forward each: equal lengths, because
+  // padding would run the recurrent layers past a shorter prompt's end. A prompt that fits in the chunk takes its
+  // first token and its pool row from it at once; a longer one keeps its row of the batch as its own state and
+  // continues chunk by chunk. Returns false (nothing done) when fewer than two prompts qualify.
+  bool prefill_first_chunks() {
+    auto first_chunk = [&](const Sequence& q) -> int64_t {
+      const auto& prompt = q.job->request.prompt;
+      if (q.prompt_state || (options_.prefix_cache_tokens > 0 && longest_saved(prompt))) return 0;
+      return std::min(static_cast<int64_t>(prompt.size()), options_.prefill_chunk);
+    };
+    const int64_t chunk = first_chunk(prefilling_.front());
+    std::vector<size_t> group;
+    for (size_t i = 0; chunk > 0 && i < prefilling_.size(); ++i)
+      if (first_chunk(prefilling_[i]) == chunk) group.push_back(i);
+    if (group.size() < 2) return false;
+    auto& m = *model_.model;
+    const auto g = static_cast<int64_t>(group.size());
+    std::vector<char> done(prefilling_.size(), 0);         // left the prefill queue (finished or failed)
+    std::vector<std::pair<size_t, int64_t>> first_tokens;  // prompt index, sampled id
+    try {
+      std::lock_guard turn(*model_.in_use);
+      torch::NoGradGuard no_grad;
+      std::vector<int64_t> ids;
+      ids.reserve(static_cast<size_t>(g * chunk));
+      for (size_t i : group) {
+        const auto& prompt = prefilling_[i].job->request.prompt;
+        ids.insert(ids.end(), prompt.begin(), prompt.begin() + chunk);
+      }
+      auto batch = m.new_state(g, chunk);
+      const auto logits =
+          m.prefill_last(torch::tensor(ids, torch::kLong).view({g, chunk}).to(device_), batch);  // [g, V]
+      for (int64_t r = 0; r < g; ++r) {
+        const size_t i = group[static_cast<size_t>(r)];
+        Sequence& q = prefilling_[i];
+        const auto n = static_cast<int64_t>(q.job->request.prompt.size());
+        const auto row_logits = logits.narrow(0, r, 1);
+        q.prefilled = chunk;
+        if (options_.prefix_cache_tokens > 0) save_prefix(q, batch, r, row_logits);
+        if (chunk < n) {
+          q.prompt_state = m.new_state(1, n);
+          q.prompt_state->copy_row(batch, r, 0, chunk);
+          q.prompt_state->shift_length(chunk);
+          continue;
+        }
+        const int64_t id =
+            q.sampler.sample(row_logits.masked_fill(banned_device_, -std::numeric_limits<float>::infinity()))
+                .item<int64_t>();
+        if (q.job->request.max_tokens > 1 && !q.job->cancelled) {
+          pool_.copy_row(batch, r, static_cast<int64_t>(rows_.size() + first_tokens.size()), n);
+          q.length = n;
+        }
+        first_tokens.emplace_back(i, id);
+      }
+      batched_prompts_ += g;
+    } catch (const std::exception& e) {
+      for (size_t i : group) {
+        end(prefilling_[i], Finish::kError, e.what());
+        done[i] = 1;
+      }
+      first_tokens.clear();
+    }
+    // The finished prompts take the rows their states were copied into, in order; then each gets its first token,
+    // and one that it ends gives its row back (the last row moves in, as after a decode step).
+    const size_t base = rows_.size();
+    for (auto& [i, id] : first_tokens) {
+      prefilling_[i].next = id;
+      done[i] = 1;
+      rows_.push_back(std::move(prefilling_[i]));
+    }
+    for (size_t r = rows_.size(); r-- > base;)
+      if (!deliver(rows_[r], rows_[r].next)) remove_row(r);
+    for (size_t i = prefilling_.size(); i-- > 0;)
+      if (done[i]) prefilling_.erase(prefilling_.begin() + static_cast<std::ptrdiff_t>(i));
+    return true;
   }
 
   // The leading rows' view (all running rows, rounded up to a power of two when steps replay graphs).

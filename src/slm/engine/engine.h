@@ -23,8 +23,8 @@ struct Sampling {
 struct Request {
   std::vector<int64_t> prompt;  // at least one id
   Sampling sampling;
-  int64_t max_tokens = 16;        // at least 1
-  std::vector<int64_t> stop_ids;  // generation ends when one of these is produced; it is not delivered
+  int64_t max_tokens = 16;              // at least 1
+  std::vector<int64_t> stop_ids;        // generation ends when one of these is produced; it is not delivered
   std::vector<double> mixture_weights;  // a mixture engine's weight per model (empty: equal); others ignore it
 };
 
@@ -51,6 +51,7 @@ struct Stats {
   int64_t queued = 0;                // accepted, not started
   int64_t running = 0;               // being generated
   int64_t reused_prompt_tokens = 0;  // since the start: prompt tokens whose state was restored, not computed
+  int64_t batched_prompts = 0;       // since the start: prompts whose first chunk ran in one forward with others
 };
 
 // submit() when the engine's queue is full: the caller should retry later (HTTP 503).

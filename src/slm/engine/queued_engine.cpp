@@ -103,7 +103,7 @@ void QueuedEngine::cancel(RequestId id) {
 
 Stats QueuedEngine::stats() const {
   std::lock_guard lock(mu_);
-  return {static_cast<int64_t>(queue_.size()), running_, reused_prompt_tokens_.load()};
+  return {static_cast<int64_t>(queue_.size()), running_, reused_prompt_tokens_.load(), batched_prompts_.load()};
 }
 
 bool QueuedEngine::take(size_t free, bool busy, std::vector<std::shared_ptr<Job>>& taken) {

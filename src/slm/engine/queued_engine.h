@@ -59,6 +59,7 @@ class QueuedEngine : public Engine {
   const size_t models_;
   torch::Tensor banned_;                          // [V] bool on the CPU
   std::atomic<int64_t> reused_prompt_tokens_{0};  // Stats::reused_prompt_tokens
+  std::atomic<int64_t> batched_prompts_{0};       // Stats::batched_prompts
 
  private:
   mutable std::mutex mu_;
