@@ -8,6 +8,7 @@
 
 #include "commands.h"
 #include "slm/data/corpus.h"
+#include "slm/data/data_card.h"
 #include "slm/data/pack.h"
 #include "slm/data/shard_builder.h"
 #include "slm/data/shards.h"
@@ -183,6 +184,23 @@ void add_data_command(CLI::App& app) {
   build->callback([] { run_build(bf); });
 
   static data::ShardBuildOptions so;
+  static data::DataCardOptions card;
+  static std::string card_out;
+  auto* cards = data->add_subcommand(
+      "card",
+      "Data cards of a built corpus: per domain its size by split, packages, licenses, what the build removed "
+      "and an example (Markdown)");
+  cards->add_option("--corpus", card.corpus_dir, "slm data build's output directory")->required();
+  cards->add_option("--out", card_out, "write the Markdown here (default: standard output)");
+  cards->add_option("--top", card.top, "packages and licenses named per domain")->capture_default_str();
+  cards->callback([] {
+    const std::string md = data::data_cards_markdown(data::data_cards(card));
+    if (card_out.empty())
+      std::cout << md;
+    else
+      write_file_atomic(card_out, md);
+  });
+
   auto* shard =
       data->add_subcommand("shard", "Tokenize corpora or text into token shards (BOS + tokens + EOS per document)");
   shard->alias("shards");
