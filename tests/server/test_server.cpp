@@ -329,6 +329,8 @@ TEST_F(ServerTest, MetricsCountRequestsAndTokens) {
   EXPECT_NE(m.find("# TYPE slm_request_latency_seconds histogram"), std::string::npos);
   EXPECT_NE(m.find("slm_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), std::string::npos);
   EXPECT_NE(m.find("slm_queue_depth{specialist=\"alpha\"} 0"), std::string::npos);
+  EXPECT_NE(m.find("# TYPE slm_prompts_batched_total counter"), std::string::npos);
+  EXPECT_EQ(metric("slm_prompts_batched_total{specialist=\"beta\"}"), 0.0);  // one request at a time: none shared
   int64_t alpha_bytes = 0;  // FP32 parameters and buffers
   for (const auto& p : alpha_->parameters()) alpha_bytes += p.numel() * 4;
   for (const auto& b : alpha_->buffers()) alpha_bytes += b.numel() * static_cast<int64_t>(b.element_size());

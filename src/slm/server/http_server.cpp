@@ -118,7 +118,7 @@ struct Server::Impl {
     std::vector<EngineGauges> out;
     for (const auto& s : specialists.all()) {
       const auto st = s->engine->stats();
-      out.push_back({s->name, st.queued, st.running, s->weight_bytes, st.reused_prompt_tokens});
+      out.push_back({s->name, st.queued, st.running, s->weight_bytes, st.reused_prompt_tokens, st.batched_prompts});
     }
     return out;
   }

@@ -144,6 +144,10 @@ std::string Metrics::render(const std::vector<EngineGauges>& engines) const {
   for (const auto& e : engines)
     o += "slm_prompt_tokens_reused_total{specialist=\"" + e.specialist + "\"} " +
          std::to_string(e.reused_prompt_tokens) + "\n";
+  o += "# HELP slm_prompts_batched_total Prompts whose first chunk ran in one prefill forward with other prompts.\n"
+       "# TYPE slm_prompts_batched_total counter\n";
+  for (const auto& e : engines)
+    o += "slm_prompts_batched_total{specialist=\"" + e.specialist + "\"} " + std::to_string(e.batched_prompts) + "\n";
   o += "# HELP slm_specialist_weight_bytes Bytes a specialist's weights occupy (NVFP4 matrices packed).\n"
        "# TYPE slm_specialist_weight_bytes gauge\n";
   for (const auto& e : engines)

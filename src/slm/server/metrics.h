@@ -30,6 +30,7 @@ struct EngineGauges {
   int64_t queued = 0, running = 0;
   int64_t weight_bytes = 0;          // Specialist::weight_bytes
   int64_t reused_prompt_tokens = 0;  // engine::Stats::reused_prompt_tokens
+  int64_t batched_prompts = 0;       // engine::Stats::batched_prompts
 };
 
 // Memory of this process: resident set (/proc/self/statm; 0 where unreadable) and, in CUDA builds with a GPU in use,
