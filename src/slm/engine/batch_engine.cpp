@@ -146,8 +146,6 @@ class BatchEngine final : public QueuedEngine {
       }
   }
 
-  // The longest saved prefix of q's prompt restored into q's new prompt state; returns its logits when it is the
-  // whole prompt.
   // The longest saved prefix of prompt, or null.
   SavedPrefix* longest_saved(const std::vector<int64_t>& prompt) {
     SavedPrefix* best = nullptr;
@@ -158,6 +156,8 @@ class BatchEngine final : public QueuedEngine {
     return best;
   }
 
+  // The longest saved prefix of q's prompt restored into q's new prompt state; returns its logits when it is the
+  // whole prompt.
   torch::Tensor restore_prefix(Sequence& q) {
     const auto& prompt = q.job->request.prompt;
     SavedPrefix* best = longest_saved(prompt);
