@@ -1,6 +1,8 @@
 // Debian source packages for the corpora: debian/copyright (DEP-5) licenses per file, the license policy, dpkg's
 // version order, the Sources index, the selection rules, the package list, and `SourceFetcher` end to end on a local
 // archive built here with dpkg-source and dpkg-scansources (no network).
+#include <cstdlib>
+#include <filesystem>
 #include <sstream>
 
 #include "data_test_util.h"
@@ -359,4 +361,29 @@ TEST(SourceFetcher, FetchesPrunesByLicenseAndResumesFromALocalArchive) {
   EXPECT_EQ(seen, (std::vector<std::string>{"failed"}));
   EXPECT_EQ(bad.failed, 1u);
   EXPECT_NE(::access((cache + "/tmp/demo").c_str(), F_OK), 0);
+}
+
+// The real archive, opt-in (SLM_NETWORK_TESTS=1; CI never sets it): one small package (21 KB of downloads, reachable
+// from the development machine on 2026-11-27) through `slm data fetch --packages`: apt's private state and the
+// Sources index, the download, unpacking, pruning and the license check; then a second run that finds it done.
+TEST(SourceFetcher, RealArchiveFetchesOnePackageOptIn) {
+  const char* on = std::getenv("SLM_NETWORK_TESTS");
+  if (!on || std::string(on) != "1") GTEST_SKIP() << "set SLM_NETWORK_TESTS=1 to fetch from deb.debian.org";
+  const std::string dir = fresh_dir("net"), list = dir + "/packages.txt";
+  test::write_file(list, "libevdevplus 0.1.1-2 21498\n");
+  auto r = run_slm("data fetch --cache " + dir + "/cache --packages " + list);
+  ASSERT_EQ(r.code, 0) << r.out;
+  std::string last;
+  std::istringstream state(test::read_file(dir + "/cache/fetch-state.jsonl"));
+  for (std::string line; std::getline(state, line);) last = line;
+  const auto outcome = nlohmann::json::parse(last);
+  EXPECT_EQ(outcome["package"], "libevdevplus");
+  ASSERT_EQ(outcome["status"], "ok") << last;
+  EXPECT_GT(outcome["cpp_files"].get<int>(), 0);
+  const std::string tree = dir + "/cache/src/libevdevplus_0.1.1-2";
+  EXPECT_TRUE(std::filesystem::exists(tree + "/.slm-package.json"));
+  EXPECT_TRUE(std::filesystem::exists(tree + "/debian/copyright"));
+  auto again = run_slm("data fetch --cache " + dir + "/cache --packages " + list);
+  ASSERT_EQ(again.code, 0) << again.out;
+  EXPECT_TRUE(std::filesystem::exists(tree + "/.slm-package.json"));
 }
