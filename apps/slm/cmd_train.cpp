@@ -82,7 +82,7 @@ void run_train(TrainCli& o, CLI::App* sub) {
     if (given("--bucket-elements")) ov["bucket_elements"] = o.cfg.bucket_elements;
     // New data (the next pack of a run spread over several GPU calls): the loader starts over on it.
     if (given("--data")) ov["data"] = data::resolve_training_data(o.cfg.data, std::cerr);
-    for (const char* f : {"--recipe", "--batch", "--seq-len", "--accum", "--seed", "--optim"})
+    for (const char* f : {"--recipe", "--init", "--batch", "--seq-len", "--accum", "--seed", "--optim"})
       if (given(f))
         throw Error(std::string(f) + " cannot change on --resume (the checkpoint's value is used for an exact resume)");
     trainer = std::make_unique<train::Trainer>(train::Trainer::resume(o.resume, ov, std::cerr));
@@ -127,6 +127,10 @@ void add_train_command(CLI::App& app) {
                 "run directory: checkpoints, metrics.jsonl, config.json (default: out/runs/<recipe file name>, "
                 "with -2, -3, ... when taken)");
   t->add_option("--resume", o->resume, "continue the run in this directory from its latest checkpoint");
+  t->add_option("--init", c.init,
+                "start from the model weights of this run (its latest checkpoint) or checkpoint directory, with a "
+                "fresh optimizer, schedule and data order: a specialist branched from a shared base, a fine-tune. "
+                "The recipe must give the same tensors");
   t->add_option("--tokenizer", c.tokenizer,
                 "tokenizer .model for bits per byte (default: the one the shards name, under tokenizer/; none: skip)");
   t->add_option("--domains", c.domains, "train on these domains only (default: every domain directory)")

@@ -32,10 +32,11 @@ std::string temp_file(const std::string& name) {
   return testing::TempDir() + "/nvfp4_model_" + std::to_string(getpid()) + "_" + name;
 }
 
-std::set<std::string> quantizable_names(const Recipe& r, bool head = false) {
+std::set<std::string> quantizable_names(const Recipe& r, bool head = false, bool embedding = false) {
   std::set<std::string> out;
   for (const auto& p : account(r, make_plan(r)).params)
-    if (p.quantized() || (head && p.kind == ParamKind::Head)) out.insert(p.name);
+    if (p.quantized() || (head && p.kind == ParamKind::Head) || (embedding && p.kind == ParamKind::Embedding))
+      out.insert(p.name);
   return out;
 }
 
@@ -45,12 +46,14 @@ struct Checkpoints {
   std::string dense = temp_file("dense.safetensors");
   std::string nvfp4 = temp_file("nvfp4.safetensors");
   std::string nvfp4_head = temp_file("nvfp4_head.safetensors");  // the LM head quantized too
+  std::string nvfp4_all = temp_file("nvfp4_all.safetensors");    // the head and the token embedding too
   Checkpoints() {
     model::HybridLM m(recipe);
     randomize(m, 31);
     model::save_weights(m, dense);
     nvfp4::quantize_checkpoint(dense, nvfp4, recipe, {});
     nvfp4::quantize_checkpoint(dense, nvfp4_head, recipe, {}, /*quantize_head=*/true);
+    nvfp4::quantize_checkpoint(dense, nvfp4_all, recipe, {}, /*quantize_head=*/true, /*quantize_embedding=*/true);
   }
 };
 
@@ -68,9 +71,9 @@ std::unique_ptr<model::HybridLM> load(const std::string& path) {
 
 // The reference: the dense model with every quantizable weight replaced by dequantize(quantize(W)) in fp32 and
 // every other tensor rounded to BF16, as the quantizer stores it; it runs the ordinary dense matmuls.
-std::unique_ptr<model::HybridLM> dequantized_reference(bool head = false) {
+std::unique_ptr<model::HybridLM> dequantized_reference(bool head = false, bool embedding = false) {
   auto m = load(checkpoints().dense);
-  const auto quantizable = quantizable_names(m->recipe(), head);
+  const auto quantizable = quantizable_names(m->recipe(), head, embedding);
   torch::NoGradGuard no_grad;
   for (auto& [name, t] : model::named_state(*m))
     t.copy_(quantizable.count(name) ? nvfp4::dequantize(nvfp4::quantize(t), torch::kFloat)
@@ -223,6 +226,27 @@ TEST(Nvfp4Model, TheLmHeadCanRunInNvfp4) {
   EXPECT_LT(rel_max_diff(q->decode(tokens.select(1, 18), sq), ref->decode(tokens.select(1, 18), sr)), 1e-5);
 }
 
+// `slm quantize --quantize-embedding`: the file stores the token embedding in NVFP4; the model gathers from its
+// dequantized copy, so the logits equal the dense model's with the embedding dequantized too.
+TEST(Nvfp4Model, TheTokenEmbeddingCanBeStoredInNvfp4) {
+  single_threaded();
+  Fp32Nvfp4Kernel exact;
+  const auto file = nvfp4::load_checkpoint(checkpoints().nvfp4_all);
+  EXPECT_TRUE(file.quantized.count("embed.weight"));
+  EXPECT_FALSE(file.dense.count("embed.weight"));
+  auto q = load(checkpoints().nvfp4_all);
+  auto ref = dequantized_reference(/*head=*/true, /*embedding=*/true);
+  auto head_only = load(checkpoints().nvfp4_head);
+  torch::NoGradGuard no_grad;
+  auto tokens = random_tokens(2, 19, q->recipe().vocab_size, 13);
+  auto lq = q->forward(tokens).logits, lr = ref->forward(tokens).logits;
+  EXPECT_LT(rel_max_diff(lq, lr), 1e-5);
+  EXPECT_GT(rel_max_diff(head_only->forward(tokens).logits, lr), 1e-3);  // the embedding really changed
+  auto sq = q->new_state(2, 19), sr = ref->new_state(2, 19);
+  EXPECT_LT(rel_max_diff(q->prefill(tokens.narrow(1, 0, 18), sq), ref->prefill(tokens.narrow(1, 0, 18), sr)), 1e-5);
+  EXPECT_LT(rel_max_diff(q->decode(tokens.select(1, 18), sq), ref->decode(tokens.select(1, 18), sr)), 1e-5);
+}
+
 TEST(Nvfp4Model, TruncatedCheckpointIsRefusedNamingTheTensor) {
   single_threaded();
   const std::string& src = checkpoints().nvfp4;
@@ -290,10 +314,11 @@ TEST(Nvfp4Model, WeightMemoryCountsThePackedMatricesAndTheDenseRest) {
   EXPECT_EQ(memory.dense_bytes, rest);
   EXPECT_EQ(memory.devices, std::set<std::string>{"cpu"});
   EXPECT_EQ(model::weight_memory(*dense).nvfp4_bytes, 0);
-  EXPECT_EQ(model::weight_memory(*dense).dense_bytes, rest + [&] {
-    int64_t q = 0;
-    for (const auto& [name, t] : model::named_state(*dense))
-      if (quantizable.count(name)) q += t.numel() * 4;
-    return q;
-  }());
+  EXPECT_EQ(
+      model::weight_memory(*dense).dense_bytes, rest + [&] {
+        int64_t q = 0;
+        for (const auto& [name, t] : model::named_state(*dense))
+          if (quantizable.count(name)) q += t.numel() * 4;
+        return q;
+      }());
 }

@@ -99,6 +99,55 @@ TEST_F(TrainerFixture, RefusesToStartOverAnExistingRun) {
   }
 }
 
+// --init: a new run starts from another run's weights with a fresh optimizer, schedule and data order (a specialist
+// branched from a shared base).
+TEST_F(TrainerFixture, InitStartsFromAnotherRunsWeightsWithAFreshOptimizer) {
+  auto base = config("base");
+  base.steps = 40;
+  base.checkpoint_every = 0;
+  train::Trainer(base, log).run();
+  const auto base_weights = safetensors::load(train::latest_checkpoint(base.out) + "/model.safetensors").tensors;
+
+  auto branch = config("branch");
+  branch.init = base.out;
+  branch.steps = 3;
+  train::Trainer t(branch, log);
+  EXPECT_EQ(t.step(), 0);
+  const std::string start = t.save();  // the state before any step
+  auto start_weights = safetensors::load(start + "/model.safetensors").tensors;
+  ASSERT_EQ(start_weights.size(), base_weights.size());
+  for (const auto& [name, w] : base_weights) EXPECT_TRUE(torch::equal(w, start_weights.at(name))) << name;
+  auto meta = train::load_checkpoint(start).meta;
+  EXPECT_EQ(meta["tokens_seen"], 0);
+  for (const auto& [name, m] : safetensors::load(start + "/optimizer.safetensors").tensors)
+    if (name.rfind("rng/", 0) != 0) EXPECT_EQ(m.abs().max().item<double>(), 0.0) << name << " must start at zero";
+  EXPECT_NE(log.str().find("weights: initialised from " + train::latest_checkpoint(base.out)), std::string::npos);
+  t.run();
+  // The base had learnt the counting data: the branch's first loss is far below a fresh model's log(48).
+  EXPECT_LT(train_losses(branch.out).at(1), 0.6 * std::log(48.0));
+  EXPECT_EQ(nlohmann::json::parse(read_file(branch.out + "/config.json"))["init"], base.out);
+}
+
+TEST_F(TrainerFixture, InitFromAnotherRecipeNamesTheTensor) {
+  auto base = config("base");
+  base.steps = 1;
+  train::Trainer(base, log).run();
+  auto other = micro_hybrid_json();
+  other["d_model"] = 24;
+  auto branch = config("branch");
+  ::mkdir((dir + "/other").c_str(), 0755);
+  branch.recipe = write_recipe(dir + "/other", other);
+  branch.init = base.out;
+  try {
+    train::Trainer t(branch, log);
+    FAIL() << "weights of another shape were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("embed.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("wrong shape"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(train::latest_checkpoint(branch.out).empty()) << "a refused run writes no checkpoint";
+}
+
 // Damaged checkpoints: the error names the file (and the tensor), and nothing in the run directory changes.
 struct DamagedCheckpoint : TrainerFixture {
   void SetUp() override {
@@ -462,8 +511,10 @@ TEST_F(TrainerFixture, ShardsOfALargerVocabularyNameTheirTokenizerAndTheRecipe) 
     w.close();
   }
   auto e = error_of([&] { train::Trainer(micro_config(recipe, big, dir + "/big-run"), log); });
-  EXPECT_NE(e.find(big + "/data-00000.slmtok: tokenized with big-1000.model (vocabulary 1000), which does not fit "
-                         "recipe " + recipe + " (vocab_size 48); shard the data with a tokenizer of at most 48 ids"),
+  EXPECT_NE(e.find(big +
+                   "/data-00000.slmtok: tokenized with big-1000.model (vocabulary 1000), which does not fit "
+                   "recipe " +
+                   recipe + " (vocab_size 48); shard the data with a tokenizer of at most 48 ids"),
             std::string::npos)
       << e;
   EXPECT_EQ(::access((dir + "/big-run").c_str(), F_OK), -1) << "a refused run leaves nothing behind";
@@ -491,7 +542,8 @@ TEST(TrainCliPlainShards, ShardThenTrainWithoutOutOrValidation) {
   ASSERT_EQ(r.code, 0) << r.out;
   ASSERT_EQ(::access((cwd + "/shards/of/my/code/data-00000.slmtok").c_str(), R_OK), 0) << r.out;
 
-  const std::string train = "train --recipe " + recipe + " --data shards/of/my/code --steps 2 --batch 2 --seq-len 32 "
+  const std::string train = "train --recipe " + recipe +
+                            " --data shards/of/my/code --steps 2 --batch 2 --seq-len 32 "
                             "--eval-every 0 --eval-batches 1 --threads 1";
   r = run_slm(train, std::nullopt, cwd);
   ASSERT_EQ(r.code, 0) << r.out;

@@ -78,14 +78,14 @@ void load_weights(HybridLM& model, const std::string& path) {
   const auto slots = nvfp4_slots(model);
   std::set<std::string> quantizable;
   for (const auto& p : account(model.recipe(), model.plan()).params)
-    if (p.quantized() || p.kind == ParamKind::Head) quantizable.insert(p.name);
+    if (p.quantized() || p.kind == ParamKind::Head || p.kind == ParamKind::Embedding) quantizable.insert(p.name);
   for (const auto& [name, q] : file.quantized) {
     auto it = state.find(name);
     if (it == state.end()) throw not_in_model(name);
     if (!quantizable.count(name))
       throw Error(path + ": tensor " + name +
                   " is stored in NVFP4, but the model runs it dense (only linear projections, expert weights, the "
-                  "LM head and Engram tables may be quantized)");
+                  "LM head, the token embedding and Engram tables may be quantized)");
     if (q.shape != it->second.sizes().vec())
       throw Error(path + ": NVFP4 tensor " + name + " has shape " + shape_text(q.shape) + ", the model needs " +
                   shape_text(it->second.sizes()));
@@ -113,7 +113,7 @@ void load_weights(HybridLM& model, const std::string& path) {
   for (auto& [name, q] : file.quantized) {
     if (auto slot = slots.find(name); slot != slots.end())
       slot->second.use(std::move(q), name);
-    else  // Engram tables are gathered row by row, not multiplied: they run from a dequantized copy
+    else  // the token embedding and Engram tables are gathered row by row, not multiplied: a dequantized copy
       state.at(name).copy_(
           nvfp4::dequantize(q, torch::kFloat).to(state.at(name).device(), state.at(name).scalar_type()));
   }
@@ -140,7 +140,8 @@ WeightMemory weight_memory(const HybridLM& model) {
   };
   for (const auto& [name, slot] : nvfp4_slots(model)) {
     if (!slot.active()) continue;
-    if (slot.linear) packed(*slot.linear->qweight);
+    if (slot.linear)
+      packed(*slot.linear->qweight);
     else
       for (const auto& q : slot.which == "w13" ? slot.experts->q13 : slot.experts->q2) packed(q);
   }

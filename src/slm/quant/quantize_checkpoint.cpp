@@ -43,10 +43,13 @@ void FamilyStats::add(const FamilyStats& o) {
   ref2 += o.ref2;
 }
 
-TensorPlan plan_tensor(const ParamSpec& spec, const std::vector<std::string>& keep_patterns, bool quantize_head) {
+TensorPlan plan_tensor(const ParamSpec& spec, const std::vector<std::string>& keep_patterns, bool quantize_head,
+                       bool quantize_embedding) {
   TensorPlan p;
   p.family = family(spec);
-  if (!spec.quantized() && !(quantize_head && spec.kind == ParamKind::Head)) {
+  const bool asked =
+      (quantize_head && spec.kind == ParamKind::Head) || (quantize_embedding && spec.kind == ParamKind::Embedding);
+  if (!spec.quantized() && !asked) {
     p.reason = kind_name(spec.kind);
   } else {
     for (const auto& pat : keep_patterns)
@@ -60,7 +63,8 @@ TensorPlan plan_tensor(const ParamSpec& spec, const std::vector<std::string>& ke
 }
 
 QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, const Recipe& recipe,
-                                   const std::vector<std::string>& keep_patterns, bool quantize_head) {
+                                   const std::vector<std::string>& keep_patterns, bool quantize_head,
+                                   bool quantize_embedding) {
   Checkpoint src = load_checkpoint(in);
   make_parent_dirs(out);  // before the work, so a path that cannot be written fails fast
   std::map<std::string, ParamSpec> specs;
@@ -92,7 +96,7 @@ QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out
   }
   for (auto& [name, t] : src.dense) {
     auto spec = specs.find(name);
-    TensorPlan p = spec != specs.end() ? plan_tensor(spec->second, keep_patterns, quantize_head)
+    TensorPlan p = spec != specs.end() ? plan_tensor(spec->second, keep_patterns, quantize_head, quantize_embedding)
                                        : TensorPlan{"buffer", false, "not a parameter of the recipe"};
     FamilyStats& f = report.families[p.family];
     f.tensors += 1;

@@ -4,7 +4,9 @@
 // tables), the same rule nvfp4_bytes() sizes and the model's NVFP4 loader accepts; embeddings, the LM head, norms,
 // router gates, DSA indexer and mHC mixing weights, convolutions, vectors and buffers stay dense, in BF16. The LM
 // head is quantized only when asked (quantize_head): it is the largest single read of a small model's decode step
-// (bench/RESULTS.md, "The NVFP4 LM head"), and the model runs it through the same NVFP4 linear.
+// (bench/RESULTS.md, "The NVFP4 LM head"), and the model runs it through the same NVFP4 linear. The token embedding
+// is quantized only when asked (quantize_embedding): it is gathered, not multiplied, so the model dequantizes it once
+// at load; what it saves is file size (a shipped small specialist, where the embedding is a large share of the file).
 #include <torch/torch.h>
 
 #include <map>
@@ -23,7 +25,8 @@ struct TensorPlan {
 
 // The decision for one tensor the recipe declares; keep_patterns are glob patterns (fnmatch) on the full name
 // that force BF16.
-TensorPlan plan_tensor(const ParamSpec& spec, const std::vector<std::string>& keep_patterns, bool quantize_head = false);
+TensorPlan plan_tensor(const ParamSpec& spec, const std::vector<std::string>& keep_patterns, bool quantize_head = false,
+                       bool quantize_embedding = false);
 
 struct FamilyStats {
   int64_t tensors = 0;
@@ -46,6 +49,7 @@ struct QuantizeReport {
 // tensor the recipe declares must be there with its shape (else slm::Error naming the file and the tensor); other
 // tensors (the MoE balancing-bias buffers) stay dense; tensors already in NVFP4 pass through.
 QuantizeReport quantize_checkpoint(const std::string& in, const std::string& out, const Recipe& recipe,
-                                   const std::vector<std::string>& keep_patterns, bool quantize_head = false);
+                                   const std::vector<std::string>& keep_patterns, bool quantize_head = false,
+                                   bool quantize_embedding = false);
 
 }  // namespace slm::nvfp4

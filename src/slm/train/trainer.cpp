@@ -163,6 +163,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"expert_parallel", expert_parallel},
           {"recompute", recompute},
           {"profile_steps", profile_steps},
+          {"init", init},
           {"optim", optim.to_json()}};
 }
 
@@ -197,6 +198,7 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
     c.expert_parallel = j.value("expert_parallel", c.expert_parallel);
     c.recompute = j.value("recompute", c.recompute);
     c.profile_steps = j.value("profile_steps", c.profile_steps);
+    c.init = j.value("init", c.init);
     c.optim = OptimizerConfig::from_json(j.at("optim"));
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training configuration: ") + e.what());
@@ -231,6 +233,7 @@ struct Trainer::State {
   std::ofstream metrics;
   std::string last_checkpoint;
   std::vector<std::string> notes;  // what the run should know about its data, logged at the start
+  std::string init_from;           // the checkpoint the weights came from (--init), logged at the start
   DistEnv dist_env;
   std::unique_ptr<DataParallel> dist;  // world size > 1 only; declared last so its hooks go before the model
 };
@@ -256,7 +259,28 @@ void validate(const TrainConfig& c) {
   c.lr.validate("--lr-schedule");
 }
 
-std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::string& recipe_text) {
+// A checkpoint's model tensors against the model's own: the same names and shapes, else slm::Error naming the file.
+void check_model_tensors(const TensorMap& ck, const TensorMap& mine, const std::string& where,
+                         const std::string& recipe) {
+  for (const auto& [name, t] : mine) {
+    auto it = ck.find(name);
+    if (it == ck.end()) throw Error(where + "/model.safetensors: tensor " + name + " is missing");
+    if (it->second.sizes() != t.sizes())
+      throw Error(where + "/model.safetensors: tensor " + name + " has the wrong shape for recipe " + recipe);
+  }
+  for (const auto& [name, _] : ck)
+    if (!mine.count(name))
+      throw Error(where + "/model.safetensors: tensor " + name + " is not part of the model of recipe " + recipe);
+}
+
+void copy_model_tensors(const TensorMap& ck, TensorMap& mine) {
+  torch::NoGradGuard no_grad;
+  for (auto& [name, t] : mine) t.copy_(ck.at(name));
+}
+
+// resuming: the checkpoint's weights replace the initial ones, so --init's are not read.
+std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::string& recipe_text,
+                                            bool resuming = false) {
   validate(cfg);
   auto s = std::make_unique<Trainer::State>();
   s->recipe_text = recipe_text;
@@ -358,6 +382,16 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
   s->model->train();
   s->model->set_recompute(cfg.recompute);
   if (!canonical.empty()) s->model->set_engram_canonical_ids(canonical);
+  if (!cfg.init.empty() && !resuming) {
+    // Weights only (branching a specialist from a shared base, fine-tuning): the optimizer, the schedule and the
+    // data order start fresh. Whole expert tensors are loaded before spread_experts narrows them.
+    CheckpointData ck = load_checkpoint(cfg.init);
+    auto mine = model::named_state(*s->model);
+    check_model_tensors(ck.model, mine, ck.meta.value("checkpoint_dir", cfg.init), cfg.recipe);
+    copy_model_tensors(ck.model, mine);
+    s->init_from =
+        ck.meta.value("checkpoint_dir", cfg.init) + " (step " + std::to_string(ck.meta.at("step").get<int64_t>()) + ")";
+  }
   const auto& layers = s->model->plan().layers;
   if (cfg.dsa_warmup_steps > 0 && std::none_of(layers.begin(), layers.end(), [](const LayerPlan& l) { return l.dsa; }))
     throw Error("--dsa-warmup-steps: recipe " + cfg.recipe + " has no DSA layers");
@@ -393,6 +427,7 @@ Trainer::Trainer(std::unique_ptr<State> s, TrainConfig cfg, std::ostream& log)
   const int64_t tokens_per_step = cfg_.batch * cfg_.accum * s_->seq_len;
   total_steps_ = cfg_.steps > 0 ? cfg_.steps : (cfg_.token_budget + tokens_per_step - 1) / tokens_per_step;
   for (const auto& n : s_->notes) *log_ << "data: " << n << "\n";
+  if (!s_->init_from.empty()) *log_ << "weights: initialised from " << s_->init_from << "\n";
 }
 
 Trainer::Trainer(TrainConfig config, std::ostream& log)
@@ -425,7 +460,7 @@ Trainer Trainer::resume(const std::string& dir, const nlohmann::json& overrides,
   const bool same_data = cfg.data == TrainConfig::from_json(ck.meta.at("config")).data;
   cfg.out = dir;
   const std::string recipe_text = ck.meta.at("recipe_text").get<std::string>();
-  auto s = build_state(cfg, recipe_text);
+  auto s = build_state(cfg, recipe_text, /*resuming=*/true);
 
   // Spread experts take their share of the whole stacked tensors the checkpoint holds (saved under any layout).
   if (const int ep = s->model->expert_parallel(); ep > 1) {
@@ -440,23 +475,12 @@ Trainer Trainer::resume(const std::string& dir, const nlohmann::json& overrides,
   }
   // Everything is checked before the model and the optimizer change: names, shapes, dtypes.
   auto mine = model::named_state(*s->model);
-  for (const auto& [name, t] : mine) {
-    auto it = ck.model.find(name);
-    if (it == ck.model.end()) throw Error(where + "/model.safetensors: tensor " + name + " is missing");
-    if (it->second.sizes() != t.sizes())
-      throw Error(where + "/model.safetensors: tensor " + name + " has the wrong shape for recipe " + cfg.recipe);
-  }
-  for (const auto& [name, _] : ck.model)
-    if (!mine.count(name))
-      throw Error(where + "/model.safetensors: tensor " + name + " is not part of the model of recipe " + cfg.recipe);
+  check_model_tensors(ck.model, mine, where, cfg.recipe);
   TensorMap opt_state;
   for (const auto& [name, t] : ck.optimizer)
     if (name.rfind("rng/", 0) != 0) opt_state.emplace(name, t);
   s->optimizer->load_state(opt_state, ck.meta.at("optimizer"));
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& [name, t] : mine) t.copy_(ck.model.at(name));
-  }
+  copy_model_tensors(ck.model, mine);
   // The same data continues exactly where it stopped; new data (the next pack) is read from its beginning.
   if (same_data)
     s->loader->restore(data::LoaderCursor::from_json(ck.meta.at("data_cursor")));

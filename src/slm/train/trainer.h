@@ -21,6 +21,7 @@ struct TrainConfig {
   std::string data;                  // shard directory: <data>/<domain>/{train,validation}-NNNNN.slmtok
   std::string out;                   // run directory (checkpoints, metrics.jsonl)
   std::string tokenizer;             // for bits per byte; "": the one the shards name, under tokenizer/; "none": no bpb
+  std::string init;                  // start from this run's (or checkpoint's) model weights; fresh optimizer and data
   std::vector<std::string> domains;  // empty: every domain directory under data
   std::map<std::string, double> mix;  // sampling weight per domain (default 1)
   int64_t steps = 0;                  // optimizer steps (0: derive from token_budget)
