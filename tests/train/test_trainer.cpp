@@ -12,6 +12,10 @@
 #include "slm/data/loader.h"
 #include "slm/data/tokenizer.h"
 #include "slm/model/weights.h"
+#include "slm/quant/nvfp4.h"
+#include "slm/quant/nvfp4_store.h"
+#include "slm/quant/quantize_checkpoint.h"
+#include "slm/recipe/recipe.h"
 #include "slm/train/checkpoint.h"
 #include "slm/train/evaluate.h"
 #include "slm/train/flops.h"
@@ -126,6 +130,27 @@ TEST_F(TrainerFixture, InitStartsFromAnotherRunsWeightsWithAFreshOptimizer) {
   // The base had learnt the counting data: the branch's first loss is far below a fresh model's log(48).
   EXPECT_LT(train_losses(branch.out).at(1), 0.6 * std::log(48.0));
   EXPECT_EQ(nlohmann::json::parse(read_file(branch.out + "/config.json"))["init"], base.out);
+}
+
+// --init from a weights file, here slm quantize's NVFP4 output: the run starts from the dequantized weights.
+TEST_F(TrainerFixture, InitFromAnNvfp4WeightsFileStartsFromItsDequantizedWeights) {
+  auto base = config("base");
+  base.steps = 2;
+  train::Trainer(base, log).run();
+  const std::string q = dir + "/base.nvfp4.safetensors";
+  nvfp4::quantize_checkpoint(train::latest_checkpoint(base.out) + "/model.safetensors", q, load_recipe(recipe), {});
+  const auto file = nvfp4::load_checkpoint(q);
+  ASSERT_GT(file.quantized.size(), 3u);
+
+  auto branch = config("branch");
+  branch.init = q;
+  train::Trainer t(branch, log);
+  auto start = safetensors::load(t.save() + "/model.safetensors").tensors;
+  for (const auto& [name, w] : file.dense) EXPECT_TRUE(torch::equal(w.to(torch::kFloat), start.at(name))) << name;
+  for (const auto& [name, qt] : file.quantized)
+    EXPECT_TRUE(torch::equal(nvfp4::dequantize(qt, torch::kFloat), start.at(name))) << name;
+  EXPECT_EQ(start.size(), file.dense.size() + file.quantized.size());
+  EXPECT_NE(log.str().find("weights: initialised from " + q + " (NVFP4 tensors dequantized)"), std::string::npos);
 }
 
 TEST_F(TrainerFixture, InitFromAnotherRecipeNamesTheTensor) {

@@ -25,6 +25,8 @@
 #include "slm/data/tokenizer.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
+#include "slm/quant/nvfp4.h"
+#include "slm/quant/nvfp4_store.h"
 #include "slm/recipe/recipe.h"
 #include "slm/train/checkpoint.h"
 #include "slm/train/distributed.h"
@@ -259,18 +261,17 @@ void validate(const TrainConfig& c) {
   c.lr.validate("--lr-schedule");
 }
 
-// A checkpoint's model tensors against the model's own: the same names and shapes, else slm::Error naming the file.
+// A checkpoint's model tensors against the model's own: the same names and shapes, else slm::Error naming `where`.
 void check_model_tensors(const TensorMap& ck, const TensorMap& mine, const std::string& where,
                          const std::string& recipe) {
   for (const auto& [name, t] : mine) {
     auto it = ck.find(name);
-    if (it == ck.end()) throw Error(where + "/model.safetensors: tensor " + name + " is missing");
+    if (it == ck.end()) throw Error(where + ": tensor " + name + " is missing");
     if (it->second.sizes() != t.sizes())
-      throw Error(where + "/model.safetensors: tensor " + name + " has the wrong shape for recipe " + recipe);
+      throw Error(where + ": tensor " + name + " has the wrong shape for recipe " + recipe);
   }
   for (const auto& [name, _] : ck)
-    if (!mine.count(name))
-      throw Error(where + "/model.safetensors: tensor " + name + " is not part of the model of recipe " + recipe);
+    if (!mine.count(name)) throw Error(where + ": tensor " + name + " is not part of the model of recipe " + recipe);
 }
 
 void copy_model_tensors(const TensorMap& ck, TensorMap& mine) {
@@ -385,12 +386,26 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
   if (!cfg.init.empty() && !resuming) {
     // Weights only (branching a specialist from a shared base, fine-tuning): the optimizer, the schedule and the
     // data order start fresh. Whole expert tensors are loaded before spread_experts narrows them.
-    CheckpointData ck = load_checkpoint(cfg.init);
+    TensorMap weights;
+    std::string where;
+    if (cfg.init.ends_with(".safetensors")) {
+      // A weights file (slm quantize's output among them): NVFP4 tensors are dequantized, so a shipped model can be
+      // trained further from what it ships.
+      nvfp4::Checkpoint file = nvfp4::load_checkpoint(cfg.init);
+      for (auto& [name, t] : file.dense) weights.emplace(name, t);
+      for (auto& [name, q] : file.quantized) weights.emplace(name, nvfp4::dequantize(q, torch::kFloat));
+      where = cfg.init;
+      s->init_from = cfg.init + (file.quantized.empty() ? "" : " (NVFP4 tensors dequantized)");
+    } else {
+      CheckpointData ck = load_checkpoint(cfg.init);
+      weights = std::move(ck.model);
+      const std::string dir = ck.meta.value("checkpoint_dir", cfg.init);
+      where = dir + "/model.safetensors";
+      s->init_from = dir + " (step " + std::to_string(ck.meta.at("step").get<int64_t>()) + ")";
+    }
     auto mine = model::named_state(*s->model);
-    check_model_tensors(ck.model, mine, ck.meta.value("checkpoint_dir", cfg.init), cfg.recipe);
-    copy_model_tensors(ck.model, mine);
-    s->init_from =
-        ck.meta.value("checkpoint_dir", cfg.init) + " (step " + std::to_string(ck.meta.at("step").get<int64_t>()) + ")";
+    check_model_tensors(weights, mine, where, cfg.recipe);
+    copy_model_tensors(weights, mine);
   }
   const auto& layers = s->model->plan().layers;
   if (cfg.dsa_warmup_steps > 0 && std::none_of(layers.begin(), layers.end(), [](const LayerPlan& l) { return l.dsa; }))
@@ -475,7 +490,7 @@ Trainer Trainer::resume(const std::string& dir, const nlohmann::json& overrides,
   }
   // Everything is checked before the model and the optimizer change: names, shapes, dtypes.
   auto mine = model::named_state(*s->model);
-  check_model_tensors(ck.model, mine, where, cfg.recipe);
+  check_model_tensors(ck.model, mine, where + "/model.safetensors", cfg.recipe);
   TensorMap opt_state;
   for (const auto& [name, t] : ck.optimizer)
     if (name.rfind("rng/", 0) != 0) opt_state.emplace(name, t);
