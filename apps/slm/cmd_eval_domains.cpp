@@ -1,15 +1,20 @@
 // slm eval domains: the per-domain table (src/slm/eval/domain_table.h) of an ensemble's specialists and any other
-// checkpoints (a generalist), all scored on the same held-out windows, with the oracle route.
+// checkpoints (a generalist), all scored on the same held-out windows, with the oracle route and, given a router,
+// the routed column: each window answered by the model the router picks for its text.
 #include <torch/torch.h>
 
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "commands.h"
+#include "slm/data/tokenizer.h"
 #include "slm/eval/domain_table.h"
 #include "slm/recipe/ensemble.h"
+#include "slm/router/classifier.h"
+#include "slm/router/route.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 
@@ -21,6 +26,7 @@ struct DomainsCli {
   std::string ensemble;
   std::vector<std::string> models;  // NAME=CHECKPOINT
   std::vector<std::string> routes;  // NAME=DOMAIN[,DOMAIN...]
+  std::string router;               // router model file; "": the ensemble's; "none": no routed column
   train::CheckpointEval windows;    // data, split, domains, tokenizer, batch, seq_len, batches, device, bf16
   std::string out;
   int threads = 0;
@@ -62,25 +68,47 @@ void run_domains(DomainsCli& c) {
     routes[name] = list;
   }
   if (columns.empty()) throw Error("slm eval domains: give --ensemble and/or --model NAME=CHECKPOINT");
+  std::string router_file = c.router;
+  if (router_file.empty() && !c.ensemble.empty()) router_file = load_ensemble(c.ensemble).router;
+  if (router_file == "none") router_file.clear();
+  std::optional<router::Classifier> router;
+  if (!router_file.empty()) router = router::Classifier::load(router_file);  // fails before hours of scoring
 
   std::vector<std::pair<std::string, eval::DomainScores>> scores;
   train::CheckpointEval req = c.windows;
   // Every model on every domain of the data (a specialist's own run names only its domain).
   if (req.domains.empty())
     for (const auto& d : train::find_domains(req.data, {})) req.domains.push_back(d.name);
+  std::string tokenizer;  // the first model's: decodes the windows for the router
   for (size_t i = 0; i < columns.size(); ++i) {
     std::fprintf(stderr, "scoring %s (%zu/%zu): %s\n", columns[i].name.c_str(), i + 1, columns.size(),
                  columns[i].checkpoint.c_str());
     req.checkpoint = columns[i].checkpoint;
     req.recipe = columns[i].recipe;
+    req.keep_tokens = router && i == 0;
     auto r = train::evaluate_checkpoint(req);
+    if (i == 0) tokenizer = r.tokenizer;
     // Every later model reads exactly the first one's windows.
     req.batch = r.windows.batch;
     req.seq_len = r.windows.seq_len;
     req.batches = r.windows.batches;
     scores.emplace_back(columns[i].name, r.domains);
   }
-  const auto table = eval::make_domain_table(scores, routes);
+  auto table = eval::make_domain_table(scores, routes);
+  if (router) {
+    if (tokenizer.empty()) throw Error("slm eval domains: the routed column needs a tokenizer (--tokenizer)");
+    const auto tok = data::Tokenizer::load(tokenizer);
+    std::vector<std::vector<std::string>> column_routes;
+    for (const auto& col : columns)
+      column_routes.push_back(routes.count(col.name) ? routes.at(col.name) : std::vector<std::string>{});
+    std::map<std::string, std::vector<size_t>> choice;
+    for (const auto& [d, score] : scores.front().second)
+      for (const auto& ids : score.window_tokens) {
+        const std::string text = tok.decode(std::vector<uint32_t>(ids.begin(), ids.end()));
+        choice[d].push_back(router::route_mass(router->classify(text), router->labels(), column_routes).best);
+      }
+    eval::add_routed(table, choice);
+  }
   const std::string md = eval::domain_table_markdown(table);
   auto j = eval::domain_table_json(table);
   j["windows"] = {{"split", req.split}, {"batch", req.batch}, {"seq_len", req.seq_len}, {"batches", req.batches}};
@@ -103,10 +131,16 @@ void add_eval_domains_command(CLI::App* eval) {
       "domains",
       "The per-domain table: an ensemble's specialists and other checkpoints (a generalist) scored on the same "
       "held-out windows of every domain, with the oracle route (each domain answered by the specialist whose router "
-      "labels include it); Markdown, JSON and a PNG chart (docs/evaluation.md)");
+      "labels include it) and, with a router, the routed column (each window answered by the model the router picks); "
+      "Markdown, JSON and a PNG chart (docs/evaluation.md)");
   d->add_option("--ensemble", c->ensemble, "ensemble manifest: every specialist's checkpoint, recipe and routes");
   d->add_option("--model", c->models, "another column, NAME=CHECKPOINT (training checkpoint or run directory)");
-  d->add_option("--routes", c->routes, "the domains a --model answers for the oracle route, NAME=DOMAIN[,DOMAIN...]");
+  d->add_option("--routes", c->routes,
+                "the router labels (domains) a --model answers, for the oracle and routed columns, "
+                "NAME=DOMAIN[,DOMAIN...]");
+  d->add_option("--router", c->router,
+                "router model file for the routed column: each held-out window answered by the model the router "
+                "picks for its text (default: the ensemble's router; none: no routed column)");
   d->add_option("--data", w.data, "shard directory with the held-out splits of every domain")->required();
   d->add_option("--split", w.split, "validation or test")->capture_default_str();
   d->add_option("--domains", w.domains, "these domains only (default: every domain with the split)")->delimiter(',');

@@ -78,6 +78,49 @@ TEST(DomainTable, RefusesRepeatedModelsAndRoutesOfNoModel) {
   EXPECT_THROW(eval::make_domain_table({{"a", {{"x", s}}}}, {{"b", {"x"}}}), Error);
 }
 
+// A score of `windows` windows of two targets each, with each window's NLL and bytes.
+train::DomainScore windowed(const std::vector<double>& nll, const std::vector<double>& bytes) {
+  train::DomainScore s;
+  s.window_nll = nll;
+  s.window_bytes = bytes;
+  s.tokens = 2 * static_cast<int64_t>(nll.size());
+  double n = 0;
+  for (double x : nll) n += x;
+  for (double b : bytes) s.bytes += b;
+  s.loss = n / static_cast<double>(s.tokens);
+  s.bpb = n / std::log(2.0) / s.bytes;
+  s.batches = 1;
+  return s;
+}
+
+TEST(DomainTable, RoutedColumnTakesEachWindowFromTheModelTheRouterPicked) {
+  auto t = eval::make_domain_table(
+      {{"a", {{"cpp", windowed({1, 2, 3}, {10, 10, 20})}}}, {"b", {{"cpp", windowed({4, 1, 1}, {10, 10, 20})}}}});
+  eval::add_routed(t, {{"cpp", {0, 1, 1}}});
+  // Window 0 from a (NLL 1), windows 1 and 2 from b (1 + 1): 3 nats over 6 targets and 40 bytes.
+  const auto& r = t.routed.at("cpp");
+  EXPECT_DOUBLE_EQ(r.loss, 3.0 / 6.0);
+  EXPECT_DOUBLE_EQ(r.bpb, 3.0 / std::log(2.0) / 40.0);
+  EXPECT_EQ(r.tokens, 6);
+  EXPECT_EQ(t.routed_windows.at("cpp").at("a"), 1);
+  EXPECT_EQ(t.routed_windows.at("cpp").at("b"), 2);
+  const std::string md = eval::domain_table_markdown(t);
+  EXPECT_NE(md.find("| domain | a | b | routed |"), std::string::npos) << md;
+  // Bits per byte: either model alone 6 / ln 2 / 40 = 0.2164 (both the row's best), routed half of it.
+  EXPECT_NE(md.find("| cpp | **0.2164** | **0.2164** | 0.1082 |"), std::string::npos) << md;
+  const auto j = eval::domain_table_json(t);
+  EXPECT_DOUBLE_EQ(j["routed"]["cpp"]["loss"].get<double>(), 0.5);
+  EXPECT_EQ(j["routed_windows"]["cpp"]["b"], 2);
+}
+
+TEST(DomainTable, RoutedColumnRefusesChoicesThatDoNotFitTheScores) {
+  auto t = eval::make_domain_table({{"a", {{"cpp", windowed({1, 2}, {10, 10})}}}});
+  EXPECT_THROW(eval::add_routed(t, {{"cpp", {0, 1}}}), Error);     // no model #1
+  EXPECT_THROW(eval::add_routed(t, {{"cpp", {0, 0, 0}}}), Error);  // three choices for two windows
+  EXPECT_THROW(eval::add_routed(t, {{"cmake", {0, 0}}}), Error);   // a was not scored on cmake
+  EXPECT_THROW(eval::add_routed(t, {{"cpp", {}}}), Error);         // no windows
+}
+
 TEST(DomainTableCli, TwoRunsScoredOnTheSameWindowsAsSlmEvalAlone) {
   const std::string dir = fresh_dir("domain_table"), data = dir + "/shards";
   ::mkdir(data.c_str(), 0755);

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "slm/router/route.h"
 #include "slm/router/train.h"
 #include "slm/util/files.h"
 #include "test_util.h"
@@ -40,6 +41,29 @@ std::vector<LabelledText> toy_requests(size_t per_class, uint64_t seed) {
       out.push_back({text, label});
     }
   return out;
+}
+
+// A label counts once, for the first model that lists it; labels no model lists count for none.
+TEST(RouteMass, FirstModelListingALabelTakesItsProbability) {
+  const std::vector<std::string> labels = {"a", "b", "c", "d"};
+  const std::vector<double> p = {0.4, 0.3, 0.2, 0.1};
+  auto r = router::route_mass(p, labels, {{"b"}, {"a", "b"}, {"c"}});
+  ASSERT_EQ(r.mass.size(), 3u);
+  EXPECT_DOUBLE_EQ(r.mass[0], 0.3);  // b, listed first by model 0
+  EXPECT_DOUBLE_EQ(r.mass[1], 0.4);  // a only: b went to model 0
+  EXPECT_DOUBLE_EQ(r.mass[2], 0.2);
+  EXPECT_DOUBLE_EQ(r.total, 0.9);  // nobody answers d
+  EXPECT_EQ(r.best, 1u);
+  // Listing b first in model 1 instead moves its mass: the manifest's order decides.
+  r = router::route_mass(p, labels, {{"a", "b"}, {"b"}, {"c"}});
+  EXPECT_DOUBLE_EQ(r.mass[0], 0.7);
+  EXPECT_DOUBLE_EQ(r.mass[1], 0.0);
+  EXPECT_EQ(r.best, 0u);
+  // A tie goes to the first model; a model with no labels gets nothing.
+  r = router::route_mass({0.5, 0.5}, {"a", "b"}, {{}, {"b"}, {"a"}});
+  EXPECT_DOUBLE_EQ(r.mass[0], 0.0);
+  EXPECT_EQ(r.best, 1u);
+  EXPECT_THROW(router::route_mass(p, labels, {}), Error);
 }
 
 TEST(RouterClassifier, GradientStepMatchesHandComputation) {

@@ -73,6 +73,7 @@ TEST_F(EvalFixture, CheckpointScoresEqualTheTrainersValidation) {
 
   train::CheckpointEval req;
   req.checkpoint = c.out;  // the run directory: its latest checkpoint, the run's data, windows and tokenizer
+  req.keep_tokens = true;
   auto r = train::evaluate_checkpoint(req);
   EXPECT_EQ(r.step, 20);
   EXPECT_EQ(r.nvfp4_weights, 0);
@@ -121,12 +122,25 @@ TEST_F(EvalFixture, CheckpointScoresEqualTheTrainersValidation) {
         from = to;
       }
       rows.push_back(torch::cat(parts, 1));
+      // Each window's own NLL, bytes and input ids (what the routed column of slm eval domains reads).
+      const size_t w = static_cast<size_t>(b * c.batch + r);
+      ASSERT_LT(w, a.window_nll.size());
+      double row_bytes = 0;
+      for (int64_t i = 0; i < c.seq_len; ++i)
+        row_bytes += static_cast<double>(tok.decode({static_cast<uint32_t>(y[r][i].item<int64_t>())}).size());
+      const double row_nll = naive_mean_nll(rows.back(), y[r]) * static_cast<double>(c.seq_len);
+      EXPECT_NEAR(a.window_nll[w], row_nll, 1e-6 * row_nll) << "window " << w;
+      EXPECT_DOUBLE_EQ(a.window_bytes[w], row_bytes) << "window " << w;
+      auto inputs = batch.tokens[r].narrow(0, 0, c.seq_len);
+      ASSERT_EQ(a.window_tokens[w].size(), static_cast<size_t>(c.seq_len));
+      for (int64_t i = 0; i < c.seq_len; ++i) EXPECT_EQ(a.window_tokens[w][i], inputs[i].item<int64_t>());
     }
     nll += naive_mean_nll(torch::cat(rows, 0), y) * static_cast<double>(y.numel());
     auto flat = y.reshape({-1});
     for (int64_t i = 0; i < flat.numel(); ++i)
       bytes += static_cast<double>(tok.decode({static_cast<uint32_t>(flat[i].item<int64_t>())}).size());
   }
+  EXPECT_EQ(a.window_nll.size(), static_cast<size_t>(2 * c.batch));
   EXPECT_NEAR(a.loss, nll / static_cast<double>(a.tokens), 1e-6 * a.loss);
   EXPECT_NEAR(a.bpb, nll / std::log(2.0) / bytes, 1e-6 * a.bpb);
 }
@@ -323,7 +337,8 @@ TEST_F(EvalFixture, RunTokenizerPrefersTheRunsSettingThenTheShards) {
 
 // Documents of the given lengths (ids 4, 5, ...) in one shard at `path`.
 void write_documents(const std::string& path, const std::vector<int>& lengths, const std::string& tokenizer = "") {
-  data::ShardWriter w(path, 48, tokenizer.empty() ? nlohmann::json::object() : nlohmann::json{{"tokenizer", tokenizer}});
+  data::ShardWriter w(path, 48,
+                      tokenizer.empty() ? nlohmann::json::object() : nlohmann::json{{"tokenizer", tokenizer}});
   for (size_t d = 0; d < lengths.size(); ++d)
     w.add_document(std::vector<uint32_t>(static_cast<size_t>(lengths[d]), 4 + d % 40),
                    {"synthetic", "doc" + std::to_string(d), "none", "x"});

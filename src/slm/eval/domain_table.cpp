@@ -41,6 +41,34 @@ DomainTable make_domain_table(const std::vector<std::pair<std::string, DomainSco
   return t;
 }
 
+void add_routed(DomainTable& t, const std::map<std::string, std::vector<size_t>>& choice) {
+  for (const auto& [d, picks] : choice) {
+    if (picks.empty()) throw Error("routed column: domain " + d + " has no windows");
+    train::DomainScore r;
+    double nll = 0;
+    for (size_t w = 0; w < picks.size(); ++w) {
+      if (picks[w] >= t.models.size())
+        throw Error("routed column: domain " + d + ", window " + std::to_string(w) + " routed to model #" +
+                    std::to_string(picks[w]) + " of " + std::to_string(t.models.size()));
+      const std::string& m = t.models[picks[w]];
+      auto it = t.scores.at(m).find(d);
+      if (it == t.scores.at(m).end()) throw Error("routed column: model " + m + " was not scored on domain " + d);
+      const auto& s = it->second;
+      if (s.window_nll.size() != picks.size())
+        throw Error("routed column: model " + m + " scored " + std::to_string(s.window_nll.size()) +
+                    " windows of domain " + d + ", the router picked for " + std::to_string(picks.size()));
+      nll += s.window_nll[w];
+      r.bytes += s.window_bytes[w];
+      r.tokens += s.tokens / static_cast<int64_t>(picks.size());  // every window has seq_len targets
+      t.routed_windows[d][m] += 1;
+    }
+    if (r.tokens > 0) r.loss = nll / static_cast<double>(r.tokens);
+    r.bpb = r.bytes > 0 ? nll / std::log(2.0) / r.bytes : std::nan("");
+    r.batches = t.scores.at(t.models[picks[0]]).at(d).batches;
+    t.routed[d] = r;
+  }
+}
+
 double measure(const DomainTable& table, const train::DomainScore& score) {
   return table.bpb ? score.bpb : score.loss;
 }
@@ -83,16 +111,17 @@ nlohmann::json score_json(const train::DomainScore& s) {
 
 std::string domain_table_markdown(const DomainTable& t) {
   std::ostringstream md;
-  const bool oracle = !t.oracle.empty();
+  const bool oracle = !t.oracle.empty(), routed = !t.routed.empty();
   md << "| domain |";
   for (const auto& m : t.models) md << " " << m << " |";
   if (oracle) md << " oracle route |";
+  if (routed) md << " routed |";
   md << "\n|---|";
-  for (size_t i = 0; i < t.models.size() + (oracle ? 1 : 0); ++i) md << "---:|";
+  for (size_t i = 0; i < t.models.size() + (oracle ? 1 : 0) + (routed ? 1 : 0); ++i) md << "---:|";
   md << "\n";
-  // One row: the models' values (the lowest in bold), then the oracle's.
+  // One row: the models' values (the lowest in bold), then the oracle's, then the router's.
   auto row = [&](const std::string& name, const DomainScores& by_model, const train::DomainScore* best_route,
-                 const std::string& route_model) {
+                 const std::string& route_model, const train::DomainScore* routed_score) {
     double best = INFINITY;
     for (const auto& [m, s] : by_model) best = std::min(best, measure(t, s));
     md << "| " << name << " |";
@@ -107,6 +136,7 @@ std::string domain_table_markdown(const DomainTable& t) {
          << (best_route ? cell(measure(t, *best_route), false) + (route_model.empty() ? "" : " (" + route_model + ")")
                         : std::string("—"))
          << " |";
+    if (routed) md << " " << (routed_score ? cell(measure(t, *routed_score), false) : std::string("—")) << " |";
     md << "\n";
   };
   for (const auto& d : t.domains) {
@@ -115,17 +145,22 @@ std::string domain_table_markdown(const DomainTable& t) {
       if (auto it = t.scores.at(m).find(d); it != t.scores.at(m).end()) by_model[m] = it->second;
     auto o = t.oracle.find(d);
     const train::DomainScore* route = o == t.oracle.end() ? nullptr : &t.scores.at(o->second).at(d);
-    row(d, by_model, route, o == t.oracle.end() ? "" : o->second);
+    auto r = t.routed.find(d);
+    row(d, by_model, route, o == t.oracle.end() ? "" : o->second, r == t.routed.end() ? nullptr : &r->second);
   }
   const auto all = pooled_scores(t);
-  const auto routed = oracle_pooled(t);
-  row("all (pooled)", all, oracle ? &routed : nullptr, "");
+  const auto oracle_all = oracle_pooled(t);
+  const auto routed_all = train::pooled(t.routed);
+  row("all (pooled)", all, oracle ? &oracle_all : nullptr, "", routed ? &routed_all : nullptr);
   md << "\n"
      << (t.bpb ? "Bits per byte" : "Loss in nats per token") << " of the held-out targets, lower is better; "
      << "the lowest model of each row in bold. \"all\" pools every domain's tokens";
   if (oracle)
     md << "; the oracle route answers each domain with the model whose router labels include it (over the "
        << t.oracle.size() << " of " << t.domains.size() << " domains that have one)";
+  if (routed)
+    md << "; routed answers each held-out window with the model the router picks for its text (over the "
+       << t.routed.size() << " domains routed)";
   md << ".\n";
   return md.str();
 }
@@ -141,6 +176,12 @@ nlohmann::json domain_table_json(const DomainTable& t) {
   for (const auto& [m, s] : pooled_scores(t)) j["pooled"][m] = score_json(s);
   j["oracle"] = t.oracle;
   if (!t.oracle.empty()) j["oracle_pooled"] = score_json(oracle_pooled(t));
+  if (!t.routed.empty()) {
+    j["routed"] = nlohmann::json::object();
+    for (const auto& [d, s] : t.routed) j["routed"][d] = score_json(s);
+    j["routed_pooled"] = score_json(train::pooled(t.routed));
+    j["routed_windows"] = t.routed_windows;
+  }
   return j;
 }
 
@@ -152,12 +193,17 @@ std::string plot_domain_table(const DomainTable& t, const std::string& dir) {
     std::ofstream f(data);
     f << "domain";
     for (const auto& m : t.models) f << " " << data_string(m);
+    if (!t.routed.empty()) f << " routed";
     f << "\n";
     for (const auto& d : t.domains) {
       f << data_string(d);
       for (const auto& m : t.models) {
         auto it = t.scores.at(m).find(d);
         f << " " << (it == t.scores.at(m).end() ? std::string("NaN") : std::to_string(measure(t, it->second)));
+      }
+      if (!t.routed.empty()) {
+        auto it = t.routed.find(d);
+        f << " " << (it == t.routed.end() ? std::string("NaN") : std::to_string(measure(t, it->second)));
       }
       f << "\n";
     }
@@ -169,7 +215,8 @@ std::string plot_domain_table(const DomainTable& t, const std::string& dir) {
      << "\nset ylabel " << single_quoted(t.bpb ? "bits per byte (lower is better)" : "nats per token") << "\n"
      << "set style data histograms\nset style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
      << "set grid ytics\nset key top left\nset yrange [0:*]\nset xtics rotate by -30\n"
-     << "plot for [i=2:" << t.models.size() + 1 << "] " << single_quoted(data) << " using i:xtic(1) title columnhead\n";
+     << "plot for [i=2:" << t.models.size() + 1 + (t.routed.empty() ? 0 : 1) << "] " << single_quoted(data)
+     << " using i:xtic(1) title columnhead\n";
   write_file_atomic(script, gp.str());
   run_gnuplot(script, dir + "/domain-table.log");
   return png;

@@ -22,6 +22,8 @@ struct DomainTable {
   std::map<std::string, DomainScores> scores;  // model -> its domains
   std::map<std::string, std::string> oracle;   // domain -> the model answering it (domains without one absent)
   bool bpb = true;                             // the measure: bits per byte, else loss (nats per token)
+  DomainScores routed;                         // domain -> the routed column (add_routed; empty without a router)
+  std::map<std::string, std::map<std::string, int64_t>> routed_windows;  // domain -> model -> windows routed to it
 };
 
 // routes: model -> the router labels (domain names) it answers. A domain's oracle is the first model, in column
@@ -29,6 +31,13 @@ struct DomainTable {
 // or for routes of a model that is not a column.
 DomainTable make_domain_table(const std::vector<std::pair<std::string, DomainScores>>& scores,
                               const std::map<std::string, std::vector<std::string>>& routes = {});
+
+// The routed column: window i of domain d answered by the model choice.at(d)[i] (an index into table.models, the
+// model a router picked for that window's text), so the domain's score is the sum of each window's NLL under its
+// model over the sum of the windows' bytes. Every model scores the same windows (train::evaluate_model). Throws
+// slm::Error for a domain without choices, an index out of range, a model without the domain or a window count
+// that differs from the choices'.
+void add_routed(DomainTable& table, const std::map<std::string, std::vector<size_t>>& choice);
 
 // The table's measure of one score (bpb, or loss when the table has no bpb).
 double measure(const DomainTable& table, const train::DomainScore& score);

@@ -8,6 +8,7 @@
 #include "slm/engine/decode_engine.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
+#include "slm/router/route.h"
 #include "slm/train/checkpoint.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
@@ -86,22 +87,15 @@ Specialist* Specialists::find(const std::string& name) const {
 
 Route Specialists::route(const std::string& text) const {
   if (!router_) throw Error("no router model is loaded");
-  const auto p = router_->classify(text);
-  std::vector<double> mass(list_.size(), 0.0);
-  double total = 0;
-  for (size_t l = 0; l < p.size(); ++l)
-    for (size_t s = 0; s < list_.size(); ++s)
-      if (std::find(list_[s]->routes.begin(), list_[s]->routes.end(), router_->labels()[l]) != list_[s]->routes.end()) {
-        mass[s] += p[l];
-        total += p[l];
-        break;  // a label counts once, for the first specialist that answers it
-      }
+  std::vector<std::vector<std::string>> routes;
+  for (const auto& s : list_) routes.push_back(s->routes);
+  const auto m = router::route_mass(router_->classify(text), router_->labels(), routes);
   Route r;
   std::vector<size_t> order(list_.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return mass[a] > mass[b]; });
-  r.specialist = order[0];
-  for (size_t i : order) r.probabilities.emplace_back(list_[i]->name, total > 0 ? mass[i] / total : 0.0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return m.mass[a] > m.mass[b]; });
+  r.specialist = m.best;
+  for (size_t i : order) r.probabilities.emplace_back(list_[i]->name, m.total > 0 ? m.mass[i] / m.total : 0.0);
   return r;
 }
 

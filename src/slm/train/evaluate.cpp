@@ -177,6 +177,7 @@ std::map<std::string, DomainScore> evaluate_model(model::HybridLM& model, const 
     lo.seed = 0;  // the same windows at every evaluation
     lo.verify_checksums = false;
     data::TokenLoader loader({src}, lo);
+    DomainScore s;
     double nll = 0, bytes = 0;
     int64_t count = 0;
     const int64_t available = static_cast<int64_t>((loader.windows(0) + windows.batch - 1) / windows.batch);
@@ -193,11 +194,22 @@ std::map<std::string, DomainScore> evaluate_model(model::HybridLM& model, const 
       auto token_nll = torch::nn::functional::cross_entropy(
           logits.reshape({-1, logits.size(-1)}), y.reshape({-1}).to(device),
           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
-      nll += token_nll.sum().item<double>();
+      auto window_nll = token_nll.reshape({x.size(0), -1}).sum(1).cpu();
+      auto window_bytes = token_bytes.defined()
+                              ? token_bytes.index_select(0, y.reshape({-1})).reshape({x.size(0), -1}).sum(1)
+                              : torch::zeros({x.size(0)}, torch::kDouble);
+      for (int64_t w = 0; w < x.size(0); ++w) {
+        s.window_nll.push_back(window_nll[w].item<double>());
+        s.window_bytes.push_back(window_bytes[w].item<double>());
+        if (windows.keep_tokens) {
+          auto ids = batch.tokens[w].narrow(0, 0, windows.seq_len).contiguous();
+          s.window_tokens.emplace_back(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + ids.numel());
+        }
+      }
+      nll += window_nll.sum().item<double>();
       count += token_nll.numel();
-      if (token_bytes.defined()) bytes += token_bytes.index_select(0, y.reshape({-1})).sum().item<double>();
+      bytes += window_bytes.sum().item<double>();
     }
-    DomainScore s;
     s.loss = nll / static_cast<double>(count);
     s.bpb = bytes > 0 ? nll / std::log(2.0) / bytes : std::nan("");
     s.tokens = count;
@@ -261,6 +273,7 @@ CheckpointScores evaluate_checkpoint(const CheckpointEval& req) {
   out.windows.batch = setting(req.batch, "batch", 8);
   out.windows.seq_len = setting(req.seq_len, "seq_len", recipe.seq_len);
   out.windows.batches = setting(req.batches, "eval_batches", 4);
+  out.windows.keep_tokens = req.keep_tokens;
   if (out.windows.seq_len < 2) throw Error("--seq-len must be >= 2");
 
   const auto domains = !req.domains.empty() ? req.domains : run.value("domains", std::vector<std::string>{});

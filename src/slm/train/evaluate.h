@@ -22,12 +22,18 @@ struct DomainScore {
   int64_t tokens = 0;         // target tokens scored
   double bytes = 0;           // bytes those tokens decode to
   int64_t batches = 0;        // micro-batches scored (pooled: their sum over the domains)
+  // Per window (one sequence of a scored batch), in order: its NLL sum and its bytes (empty when pooled); with
+  // EvalWindows::keep_tokens also its input ids. The windows are the same for every model, so a router can pick a
+  // model per window (the routed column of slm eval domains).
+  std::vector<double> window_nll, window_bytes;
+  std::vector<std::vector<int64_t>> window_tokens;
 };
 
 struct EvalWindows {
-  int64_t batch = 8;    // sequences per micro-batch
-  int64_t seq_len = 0;  // input tokens per sequence (each window holds seq_len + 1)
-  int64_t batches = 4;  // micro-batches per domain; fewer when the split has fewer windows
+  int64_t batch = 8;         // sequences per micro-batch
+  int64_t seq_len = 0;       // input tokens per sequence (each window holds seq_len + 1)
+  int64_t batches = 4;       // micro-batches per domain; fewer when the split has fewer windows
+  bool keep_tokens = false;  // fill DomainScore::window_tokens
 };
 
 // A shard directory holds either layout, or both (docs/training.md, "Data"):
@@ -93,14 +99,15 @@ struct CheckpointEval {
   std::string tokenizer;                        // for bpb; "": the run's, else the one the shards name; "none": no bpb
   int64_t batch = 0, seq_len = 0, batches = 0;  // 0: the run's settings, else 8, the recipe's seq_len, 4
   std::string device = "cpu";
-  bool bf16 = false;  // forward under BF16 autocast (as training on a GPU computes), weights as loaded
+  bool bf16 = false;         // forward under BF16 autocast (as training on a GPU computes), weights as loaded
+  bool keep_tokens = false;  // EvalWindows::keep_tokens
 };
 
 struct CheckpointScores {
-  std::string weights;  // the weights file read
-  std::string recipe;   // the recipe's name
-  int64_t step = -1;    // training step (-1 for a weights file)
-  EvalWindows windows;  // as used: batches is the most micro-batches any domain scored (each has its own count)
+  std::string weights;        // the weights file read
+  std::string recipe;         // the recipe's name
+  int64_t step = -1;          // training step (-1 for a weights file)
+  EvalWindows windows;        // as used: batches is the most micro-batches any domain scored (each has its own count)
   std::string tokenizer;      // "" without bpb
   int64_t nvfp4_weights = 0;  // weights the model runs in NVFP4
   bool bf16 = false;          // computed under BF16 autocast
