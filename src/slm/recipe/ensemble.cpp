@@ -103,7 +103,9 @@ namespace {
 
 // A file whose content the manifest pins (a checkpoint or the router): hashed when present.
 ManifestFile check_pinned(std::string role, const std::string& path, const std::string& expected) {
-  ManifestFile f{std::move(role), path};
+  ManifestFile f;
+  f.role = std::move(role);
+  f.path = path;
   std::error_code ec;
   const auto st = fs::status(path, ec);
   if (!fs::exists(st)) {
@@ -139,7 +141,9 @@ ManifestFile check_pinned(std::string role, const std::string& path, const std::
 
 // A file the repository keeps in git (recipe, tokenizer): the manifest pins no content, it must only be there.
 ManifestFile check_present(std::string role, const std::string& path) {
-  ManifestFile f{std::move(role), path};
+  ManifestFile f;
+  f.role = std::move(role);
+  f.path = path;
   std::error_code ec;
   if (!fs::exists(path, ec)) {
     f.status = ManifestFile::Status::missing;
