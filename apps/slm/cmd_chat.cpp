@@ -139,7 +139,7 @@ void add_chat_command(CLI::App& app) {
                 "talk to a running server (the default, http://127.0.0.1:8000, only when no model is given and the "
                 "shipped models are missing)");
   c->add_option("--api-key", f->api_key, "the server's API key, if it wants one");
-  c->add_option("--ensemble", f->ensemble, "in-process: ensemble manifest");
+  c->add_option("--ensemble", f->ensemble, "in-process: ensemble manifest (default: the shipped models/ensemble.json)");
   c->add_option("--recipe", f->recipe, "in-process: one model's recipe");
   c->add_option("--checkpoint", f->checkpoint, "in-process: its weights");
   c->add_option("--tokenizer", f->tokenizer, "in-process: its code tokenizer .model");
