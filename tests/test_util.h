@@ -48,11 +48,11 @@ struct CliResult {
 
 // Runs the slm program as a user would, with one intra-op thread (ctest already runs a process per core).
 // stdin_text, when given, is fed on standard input through a file unique to this process; cwd, when given, is the
-// working directory it runs in (for what it finds or writes relative to it).
+// working directory it runs in (for what it finds or writes relative to it); binary, when given, is a copy of the
+// program to run instead (for what it finds relative to itself).
 inline CliResult run_slm(const std::string& args, const std::optional<std::string>& stdin_text = std::nullopt,
-                         const std::string& cwd = "") {
-  std::string cmd = (cwd.empty() ? "" : "cd '" + cwd + "' && ") + "OMP_NUM_THREADS=1 " + std::string(SLM_BINARY) +
-                    " " + args;
+                         const std::string& cwd = "", const std::string& binary = SLM_BINARY) {
+  std::string cmd = (cwd.empty() ? "" : "cd '" + cwd + "' && ") + "OMP_NUM_THREADS=1 " + binary + " " + args;
   if (stdin_text) {
     static int counter = 0;
     std::string path = testing::TempDir() + "/slm_stdin_" + std::to_string(getpid()) + "_" +

@@ -29,8 +29,15 @@ struct ServeFlags {
 };
 
 void run_serve(ServeFlags f) {
-  if (f.ensemble.empty() == f.recipe.empty())
-    throw Error("serve: give --ensemble MANIFEST, or --recipe R (with --checkpoint C and --tokenizer T)");
+  const char* usage = "serve: give --ensemble MANIFEST, or --recipe R (with --checkpoint C and --tokenizer T)";
+  if (!f.ensemble.empty() && !f.recipe.empty()) throw Error(usage);
+  if ((!f.checkpoint.empty() || !f.tokenizer.empty()) && f.recipe.empty())
+    throw Error(std::string(usage) + ": --checkpoint and --tokenizer go with --recipe");
+  if (f.ensemble.empty() && f.recipe.empty()) {
+    f.ensemble = default_ensemble_path();
+    if (f.ensemble.empty()) throw Error(std::string(usage) + "; " + default_ensemble_missing_note());
+    std::cerr << "slm serve: no model given: the shipped ensemble " << f.ensemble << "\n";
+  }
   if (f.http.api_key.empty())
     if (const char* k = std::getenv("SLM_API_KEY")) f.http.api_key = k;
   server::Specialists specialists;
@@ -71,7 +78,10 @@ void add_serve_command(CLI::App& app) {
   auto* s = app.add_subcommand("serve",
                                "OpenAI-compatible HTTP server for an ensemble or one model: /v1/chat/completions, "
                                "/v1/completions, /v1/models, /health, /metrics, a chat page at / (docs/serving.md)");
-  s->add_option("--ensemble", f->ensemble, "ensemble manifest with checkpoints, tokenizers and a router");
+  s->add_option("--ensemble", f->ensemble,
+                "ensemble manifest with checkpoints, tokenizers and a router (default: the shipped "
+                "models/ensemble.json, looked for in the working directory, then next to the program's build "
+                "directory)");
   s->add_option("--recipe", f->recipe, "one model: its recipe (instead of --ensemble)");
   s->add_option("--checkpoint", f->checkpoint, "one model: weights file, checkpoint or run directory");
   s->add_option("--tokenizer", f->tokenizer, "one model: the code tokenizer .model it was trained with");

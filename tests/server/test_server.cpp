@@ -12,9 +12,8 @@
 #include <thread>
 
 #include "engine/engine_test_util.h"
-#include "slm/data/detokenizer.h"
+#include "serving_test_util.h"
 #include "slm/engine/generation.h"
-#include "slm/router/train.h"
 #include "slm/server/http_server.h"
 
 namespace slm::server {
@@ -22,44 +21,8 @@ namespace {
 
 using Json = nlohmann::json;
 
-router::Classifier toy_router() {
-  std::vector<router::LabelledText> train;
-  for (int i = 0; i < 30; ++i) {
-    train.push_back(
-        {"add_library target_link_libraries find_package cmake_minimum_required " + std::to_string(i), "cmake"});
-    train.push_back({"grep sed awk xargs while read line; do echo $line; done " + std::to_string(i), "shell"});
-  }
-  router::TrainOptions o;
-  o.features.bucket_bits = 12;
-  o.epochs = 5;
-  return router::train_router(train, {}, o);
-}
-
 std::unique_ptr<data::Tokenizer> tokenizer() {
   return std::make_unique<data::Tokenizer>(data::Tokenizer::load(test::source_path("tokenizer/slm-code-512.model")));
-}
-
-// The ids the chat template must produce for one user message (docs/serving.md; ids from tokenizer/README.md).
-std::vector<int64_t> user_prompt(const std::string& text) {
-  std::vector<int64_t> ids = {2, 5};
-  for (uint32_t id : test::code512().encode(text)) ids.push_back(id);
-  ids.push_back(9);
-  ids.push_back(6);
-  return ids;
-}
-
-// What the server may sample: every id but the control tokens other than <|eos|> 3 and <|end|> 9.
-std::vector<int64_t> banned() {
-  std::vector<int64_t> out;
-  for (uint32_t id = 0; id < 512; ++id)
-    if (test::code512().is_special(id) && id != 3 && id != 9) out.push_back(id);
-  return out;
-}
-
-// The text the server sends for these ids: their bytes, with ill-formed UTF-8 (a random model emits byte-fallback ids
-// freely) replaced by U+FFFD, as JSON requires (replace_invalid_utf8 has its own hand-written cases).
-std::string text_of(const std::vector<int64_t>& ids) {
-  return data::replace_invalid_utf8(test::code512().decode(std::vector<uint32_t>(ids.begin(), ids.end())));
 }
 
 class ServerTest : public testing::Test {
@@ -71,7 +34,7 @@ class ServerTest : public testing::Test {
     LoadOptions lo;
     specialists_->add("alpha", alpha_, tokenizer(), {"cmake"}, lo);
     specialists_->add("beta", test::serving_model(12), tokenizer(), {"shell"}, lo);
-    specialists_->set_router(toy_router());
+    specialists_->set_router(test::toy_router());
     ServerOptions so;
     so.port = 0;
     so.threads = 16;
@@ -148,7 +111,7 @@ class ServerTest : public testing::Test {
 
 TEST_F(ServerTest, ChatCompletionEqualsTheModelsGreedyTokens) {
   const std::string prompt = "Write a CMake target for libfoo.";
-  const auto expected = test::greedy_reference(*alpha_, user_prompt(prompt), 24, banned(), {3, 9});
+  const auto expected = test::greedy_reference(*alpha_, test::user_prompt(prompt), 24, test::chat_banned(), {3, 9});
   auto res = post("/v1/chat/completions", chat("alpha", prompt, 24));
   ASSERT_TRUE(res);
   ASSERT_EQ(res->status, 200) << res->body;
@@ -157,9 +120,9 @@ TEST_F(ServerTest, ChatCompletionEqualsTheModelsGreedyTokens) {
   EXPECT_EQ(j["object"], "chat.completion");
   EXPECT_EQ(j["specialist"], "alpha");
   EXPECT_EQ(j["choices"][0]["message"]["role"], "assistant");
-  EXPECT_EQ(j["choices"][0]["message"]["content"], text_of(expected));
+  EXPECT_EQ(j["choices"][0]["message"]["content"], test::text_of(expected));
   EXPECT_EQ(j["usage"]["completion_tokens"], expected.size());
-  EXPECT_EQ(j["usage"]["prompt_tokens"], user_prompt(prompt).size());
+  EXPECT_EQ(j["usage"]["prompt_tokens"], test::user_prompt(prompt).size());
   EXPECT_EQ(j["choices"][0]["finish_reason"], expected.size() == 24 ? "length" : "stop");
 }
 
@@ -167,12 +130,12 @@ TEST_F(ServerTest, CompletionEqualsTheModelsGreedyTokens) {
   const std::string prompt = "int main() {";
   std::vector<int64_t> ids = {2};
   for (uint32_t id : test::code512().encode(prompt)) ids.push_back(id);
-  const auto expected = test::greedy_reference(*alpha_, ids, 20, banned(), {3, 9});
+  const auto expected = test::greedy_reference(*alpha_, ids, 20, test::chat_banned(), {3, 9});
   auto res = post("/v1/completions", {{"model", "alpha"}, {"prompt", prompt}, {"max_tokens", 20}, {"temperature", 0}});
   ASSERT_EQ(res->status, 200) << res->body;
   const auto j = Json::parse(res->body);
   EXPECT_EQ(j["object"], "text_completion");
-  EXPECT_EQ(j["choices"][0]["text"], text_of(expected));
+  EXPECT_EQ(j["choices"][0]["text"], test::text_of(expected));
 }
 
 TEST_F(ServerTest, StreamedChunksConcatenateToTheWholeAnswer) {
@@ -201,7 +164,8 @@ TEST_F(ServerTest, StreamedChunksConcatenateToTheWholeAnswer) {
 
 TEST_F(ServerTest, StopSequencesCutTheAnswer) {
   const std::string prompt = "Explain RAII.";
-  const std::string full = text_of(test::greedy_reference(*alpha_, user_prompt(prompt), 40, banned(), {3, 9}));
+  const std::string full =
+      test::text_of(test::greedy_reference(*alpha_, test::user_prompt(prompt), 40, test::chat_banned(), {3, 9}));
   ASSERT_GT(full.size(), 12u);
   const std::string stop = full.substr(8, 3);
   const std::string expected = full.substr(0, full.find(stop));
@@ -300,15 +264,15 @@ TEST_F(ServerTest, Auto2MixesTheTopTwoSpecialistsByTheRoutersWeights) {
   o.max_tokens = 12;
   o.sampling.temperature = 0;
   o.banned = torch::zeros({512}, torch::kBool);
-  for (int64_t b : banned()) o.banned[b] = true;
+  for (int64_t b : test::chat_banned()) o.banned[b] = true;
   std::vector<int64_t> expected;
   engine::generate_mixture({{alpha_.get(), wa}, {specialists_->find("beta")->model.model.get(), wb}},
-                           user_prompt(prompt), o, [&](int64_t id) {
+                           test::user_prompt(prompt), o, [&](int64_t id) {
                              if (id == 3 || id == 9) return false;
                              expected.push_back(id);
                              return true;
                            });
-  EXPECT_EQ(j["choices"][0]["message"]["content"], text_of(expected));
+  EXPECT_EQ(j["choices"][0]["message"]["content"], test::text_of(expected));
   EXPECT_EQ(j["usage"]["completion_tokens"], expected.size());
   EXPECT_GT(metric("slm_generations_total{specialist=\"alpha+beta\"}"), 0);
 }
@@ -491,7 +455,7 @@ TEST(ServerLimits, AFullQueueAnswers503AndATimeoutCutsTheAnswer) {
   const std::vector<int64_t> prompt = {2, static_cast<int64_t>(test::code512().encode("x")[0])};
   for (uint64_t seed = 31; !m && seed < 60; ++seed) {
     auto candidate = test::serving_model(seed, 16384);
-    if (test::greedy_reference(*candidate, prompt, 300, banned(), {3, 9}).size() == 300) m = candidate;
+    if (test::greedy_reference(*candidate, prompt, 300, test::chat_banned(), {3, 9}).size() == 300) m = candidate;
   }
   ASSERT_TRUE(m) << "no seed gave a model that does not stop";
   sp.add("solo", m, tokenizer(), {"solo"}, lo);
@@ -539,14 +503,16 @@ namespace slm::server {
 namespace {
 
 TEST_F(ServerTest, ChatCliTalksToTheServerAndKeepsGoingAfterAnError) {
-  const std::string expected =
-      text_of(test::greedy_reference(*alpha_, user_prompt("Explain RAII."), 12, banned(), {3, 9}));
+  const std::string expected = test::text_of(
+      test::greedy_reference(*alpha_, test::user_prompt("Explain RAII."), 12, test::chat_banned(), {3, 9}));
   ASSERT_FALSE(expected.empty());
   const auto r = test::run_slm(
       "chat --url http://127.0.0.1:" + std::to_string(port_) + " --model nosuch --temperature 0 --max-tokens 12",
       std::string("hello\n/model alpha\nExplain RAII.\n/quit\n"));
-  ASSERT_EQ(r.code, 0) << r.out;
+  // Piped input: the failed first message is reported, the next is answered, and the exit status tells a script.
+  ASSERT_EQ(r.code, 2) << r.out;
   EXPECT_NE(r.out.find("the model \"nosuch\" does not exist"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("chat: 1 of 2 messages got no answer"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(expected + "\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(answered by alpha, finish "), std::string::npos) << r.out;
 }

@@ -1,5 +1,6 @@
 #include "slm/recipe/report.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
@@ -116,6 +117,8 @@ nlohmann::json ensemble_report_json(const Ensemble& e) {
   nlohmann::json j;
   j["name"] = e.name;
   j["source"] = e.source;
+  if (!e.router.empty()) j["router"] = e.router;
+  if (!e.router_sha256.empty()) j["router_sha256"] = e.router_sha256;
   j["specialists"] = nlohmann::json::array();
   for (const auto& s : e.specialists) {
     nlohmann::json o = {{"name", s.name},
@@ -127,6 +130,10 @@ nlohmann::json ensemble_report_json(const Ensemble& e) {
                         {"bytes_bf16", s.accounting.bytes_bf16},
                         {"bytes_nvfp4", s.accounting.bytes_nvfp4}};
     if (!s.checkpoint.empty()) o["checkpoint"] = s.checkpoint;
+    if (!s.sha256.empty()) o["sha256"] = s.sha256;
+    if (!s.tokenizer.empty()) o["tokenizer"] = s.tokenizer;
+    if (s.training_tokens) o["training_tokens"] = *s.training_tokens;
+    if (s.heldout_bpb) o["heldout_bpb"] = *s.heldout_bpb;
     if (s.target_total > 0) o["target"] = {{"total", s.target_total}, {"active", s.target_active}};
     j["specialists"].push_back(o);
   }
@@ -162,6 +169,28 @@ std::string ensemble_report_text(const Ensemble& e) {
   s << "\nweights include MTP modules and Engram tables (stored " << human_count(e.stored) << "); NVFP4 packs "
     << "projections, experts and Engram tables at 4.5 bits per weight and keeps the rest in BF16: "
     << ratio(e.bytes_bf16, e.bytes_nvfp4) << " smaller than BF16\n";
+  // The shipped lineup's provenance: what each specialist was trained on, how it scores and which exact weights
+  // these are; only printed when the manifest records some of it, so the design lineups' output is unchanged.
+  const bool trained = std::any_of(e.specialists.begin(), e.specialists.end(), [](const Specialist& sp) {
+    return !sp.checkpoint.empty() || sp.training_tokens || sp.heldout_bpb;
+  });
+  if (trained || !e.router.empty()) {
+    std::snprintf(line, sizeof line, "\n%-16s %15s %12s  %s\n", "specialist", "training tokens", "held-out bpb",
+                  "checkpoint (sha256)");
+    s << line;
+    for (const auto& sp : e.specialists) {
+      const std::string tokens = sp.training_tokens ? std::to_string(*sp.training_tokens) : "-";
+      char bpb[32] = "-";
+      if (sp.heldout_bpb) std::snprintf(bpb, sizeof bpb, "%.4f", *sp.heldout_bpb);
+      const std::string ckpt = sp.checkpoint.empty() ? "-" : sp.checkpoint;
+      const std::string sha = sp.sha256.empty() ? "no sha256" : sp.sha256;
+      // Paths are unbounded, so only the fixed columns go through the buffer.
+      std::snprintf(line, sizeof line, "%-16s %15s %12s  ", sp.name.c_str(), tokens.c_str(), bpb);
+      s << line << ckpt << " (" << sha << ")\n";
+    }
+    if (!e.router.empty())
+      s << "router: " << e.router << " (" << (e.router_sha256.empty() ? "no sha256" : e.router_sha256) << ")\n";
+  }
   return s.str();
 }
 
