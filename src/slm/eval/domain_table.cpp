@@ -214,7 +214,10 @@ std::string plot_domain_table(const DomainTable& t, const std::string& dir) {
      << "set title " << single_quoted(std::string("held-out ") + (t.bpb ? "bits per byte" : "loss") + " per domain")
      << "\nset ylabel " << single_quoted(t.bpb ? "bits per byte (lower is better)" : "nats per token") << "\n"
      << "set style data histograms\nset style histogram clustered gap 1\nset style fill solid 0.8 border -1\n"
-     << "set grid ytics\nset key top left\nset yrange [0:*]\nset xtics rotate by -30\n"
+     << "set grid ytics\nset key outside right top\nset yrange [0:*]\nset xtics rotate by -30\n"
+     // Twelve distinct colours: gnuplot's own eight repeat, and an ensemble table has up to eleven bars per group.
+     << "set linetype 9 lc rgb '#8c564b'\nset linetype 10 lc rgb '#7f7f7f'\nset linetype 11 lc rgb '#bcbd22'\n"
+     << "set linetype 12 lc rgb '#17becf'\n"
      << "plot for [i=2:" << t.models.size() + 1 + (t.routed.empty() ? 0 : 1) << "] " << single_quoted(data)
      << " using i:xtic(1) title columnhead\n";
   write_file_atomic(script, gp.str());
