@@ -46,8 +46,10 @@ void run_domains(DomainsCli& c) {
   };
   std::vector<Column> columns;
   std::map<std::string, std::vector<std::string>> routes;
+  std::string router_file = c.router;
   if (!c.ensemble.empty()) {
     const Ensemble e = load_ensemble(c.ensemble);
+    if (router_file.empty()) router_file = e.router;
     for (const auto& s : e.specialists) {
       if (s.checkpoint.empty())
         throw Error(c.ensemble + ": specialist '" + s.name + "' has no checkpoint to score (train it first)");
@@ -68,8 +70,6 @@ void run_domains(DomainsCli& c) {
     routes[name] = list;
   }
   if (columns.empty()) throw Error("slm eval domains: give --ensemble and/or --model NAME=CHECKPOINT");
-  std::string router_file = c.router;
-  if (router_file.empty() && !c.ensemble.empty()) router_file = load_ensemble(c.ensemble).router;
   if (router_file == "none") router_file.clear();
   std::optional<router::Classifier> router;
   if (!router_file.empty()) router = router::Classifier::load(router_file);  // fails before hours of scoring

@@ -86,6 +86,19 @@ double rel_max_diff(const torch::Tensor& a, const torch::Tensor& b) {
   return max_abs_diff(a, b) / b.abs().max().item<double>();
 }
 
+// q's forward, chunked prefill and cached decode all equal ref's (on 2 x 19 random tokens), and `other` (the same
+// checkpoint with one part left out of NVFP4) differs from ref: the part really changed.
+void expect_equal_to_reference(model::HybridLM& q, model::HybridLM& ref, model::HybridLM& other, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto tokens = random_tokens(2, 19, q.recipe().vocab_size, seed);
+  auto lq = q.forward(tokens).logits, lr = ref.forward(tokens).logits;
+  EXPECT_LT(rel_max_diff(lq, lr), 1e-5);
+  EXPECT_GT(rel_max_diff(other.forward(tokens).logits, lr), 1e-3);
+  auto sq = q.new_state(2, 19), sr = ref.new_state(2, 19);
+  EXPECT_LT(rel_max_diff(q.prefill(tokens.narrow(1, 0, 18), sq), ref.prefill(tokens.narrow(1, 0, 18), sr)), 1e-5);
+  EXPECT_LT(rel_max_diff(q.decode(tokens.select(1, 18), sq), ref.decode(tokens.select(1, 18), sr)), 1e-5);
+}
+
 void expect_load_error(const std::string& path, const std::string& fragment) {
   model::HybridLM m(checkpoints().recipe);
   randomize(m, 5);
@@ -216,14 +229,7 @@ TEST(Nvfp4Model, TheLmHeadCanRunInNvfp4) {
   EXPECT_EQ(model::named_state(*q).at("lm_head.weight").numel(), 0);
   auto ref = dequantized_reference(/*head=*/true);
   auto base = load(checkpoints().nvfp4);  // head in BF16
-  torch::NoGradGuard no_grad;
-  auto tokens = random_tokens(2, 19, q->recipe().vocab_size, 9);
-  auto lq = q->forward(tokens).logits, lr = ref->forward(tokens).logits;
-  EXPECT_LT(rel_max_diff(lq, lr), 1e-5);
-  EXPECT_GT(rel_max_diff(base->forward(tokens).logits, lr), 1e-3);  // the head really changed
-  auto sq = q->new_state(2, 19), sr = ref->new_state(2, 19);
-  EXPECT_LT(rel_max_diff(q->prefill(tokens.narrow(1, 0, 18), sq), ref->prefill(tokens.narrow(1, 0, 18), sr)), 1e-5);
-  EXPECT_LT(rel_max_diff(q->decode(tokens.select(1, 18), sq), ref->decode(tokens.select(1, 18), sr)), 1e-5);
+  expect_equal_to_reference(*q, *ref, *base, 9);
 }
 
 // `slm quantize --quantize-embedding`: the file stores the token embedding in NVFP4; the model gathers from its
@@ -236,15 +242,8 @@ TEST(Nvfp4Model, TheTokenEmbeddingCanBeStoredInNvfp4) {
   EXPECT_FALSE(file.dense.count("embed.weight"));
   auto q = load(checkpoints().nvfp4_all);
   auto ref = dequantized_reference(/*head=*/true, /*embedding=*/true);
-  auto head_only = load(checkpoints().nvfp4_head);
-  torch::NoGradGuard no_grad;
-  auto tokens = random_tokens(2, 19, q->recipe().vocab_size, 13);
-  auto lq = q->forward(tokens).logits, lr = ref->forward(tokens).logits;
-  EXPECT_LT(rel_max_diff(lq, lr), 1e-5);
-  EXPECT_GT(rel_max_diff(head_only->forward(tokens).logits, lr), 1e-3);  // the embedding really changed
-  auto sq = q->new_state(2, 19), sr = ref->new_state(2, 19);
-  EXPECT_LT(rel_max_diff(q->prefill(tokens.narrow(1, 0, 18), sq), ref->prefill(tokens.narrow(1, 0, 18), sr)), 1e-5);
-  EXPECT_LT(rel_max_diff(q->decode(tokens.select(1, 18), sq), ref->decode(tokens.select(1, 18), sr)), 1e-5);
+  auto head_only = load(checkpoints().nvfp4_head);  // the embedding dense
+  expect_equal_to_reference(*q, *ref, *head_only, 13);
 }
 
 TEST(Nvfp4Model, TruncatedCheckpointIsRefusedNamingTheTensor) {
