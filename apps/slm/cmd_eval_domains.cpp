@@ -3,6 +3,7 @@
 // the routed column: each window answered by the model the router picks for its text.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -27,6 +28,7 @@ struct DomainsCli {
   std::vector<std::string> models;  // NAME=CHECKPOINT
   std::vector<std::string> routes;  // NAME=DOMAIN[,DOMAIN...]
   std::string router;               // router model file; "": the ensemble's; "none": no routed column
+  std::string fallback;             // the routing curve's fallback model; "": "generalist" when it is a column
   train::CheckpointEval windows;    // data, split, domains, tokenizer, batch, seq_len, batches, device, bf16
   std::string out;
   int threads = 0;
@@ -71,6 +73,8 @@ void run_domains(DomainsCli& c) {
   }
   if (columns.empty()) throw Error("slm eval domains: give --ensemble and/or --model NAME=CHECKPOINT");
   if (router_file == "none") router_file.clear();
+  if (!c.fallback.empty() && router_file.empty())
+    throw Error("slm eval domains: --fallback draws the routing curve, which needs a router (--router)");
   std::optional<router::Classifier> router;
   if (!router_file.empty()) router = router::Classifier::load(router_file);  // fails before hours of scoring
 
@@ -95,29 +99,58 @@ void run_domains(DomainsCli& c) {
     scores.emplace_back(columns[i].name, r.domains);
   }
   auto table = eval::make_domain_table(scores, routes);
+  std::optional<eval::RoutingCurve> curve;
   if (router) {
     if (tokenizer.empty()) throw Error("slm eval domains: the routed column needs a tokenizer (--tokenizer)");
     const auto tok = data::Tokenizer::load(tokenizer);
     std::vector<std::vector<std::string>> column_routes;
     for (const auto& col : columns)
       column_routes.push_back(routes.count(col.name) ? routes.at(col.name) : std::vector<std::string>{});
+    // The routing curve's picks ignore the fallback's routes: each window's label goes to its specialist, and the
+    // curve decides how many of them the fallback keeps.
+    const std::string fallback =
+        !c.fallback.empty()                                                                       ? c.fallback
+        : std::find(table.models.begin(), table.models.end(), "generalist") != table.models.end() ? "generalist"
+                                                                                                  : "";
+    if (!fallback.empty() && std::find(table.models.begin(), table.models.end(), fallback) == table.models.end())
+      throw Error("slm eval domains: --fallback " + fallback + " is not a column");
+    auto specialist_routes = column_routes;
+    size_t fallback_index = 0;
+    for (size_t m = 0; m < columns.size(); ++m)
+      if (columns[m].name == fallback) {
+        specialist_routes[m].clear();
+        fallback_index = m;
+      }
     std::map<std::string, std::vector<size_t>> choice;
+    std::map<std::string, std::vector<eval::RouterPick>> picks;
     for (const auto& [d, score] : scores.front().second)
       for (const auto& ids : score.window_tokens) {
         const std::string text = tok.decode(std::vector<uint32_t>(ids.begin(), ids.end()));
-        choice[d].push_back(router::route_mass(router->classify(text), router->labels(), column_routes).best);
+        const auto probabilities = router->classify(text);
+        choice[d].push_back(router::route_mass(probabilities, router->labels(), column_routes).best);
+        const auto to_specialist = router::route_mass(probabilities, router->labels(), specialist_routes);
+        // A label no specialist answers stays with the fallback.
+        picks[d].push_back(to_specialist.total > 0
+                               ? eval::RouterPick{to_specialist.best, to_specialist.mass[to_specialist.best]}
+                               : eval::RouterPick{fallback_index, 0.0});
       }
     eval::add_routed(table, choice);
+    if (!fallback.empty()) curve = eval::routing_curve(table, fallback, picks);
   }
-  const std::string md = eval::domain_table_markdown(table);
+  std::string md = eval::domain_table_markdown(table);
   auto j = eval::domain_table_json(table);
   j["windows"] = {{"split", req.split}, {"batch", req.batch}, {"seq_len", req.seq_len}, {"batches", req.batches}};
+  if (curve) {
+    md += "\n" + eval::routing_curve_markdown(table, *curve);
+    j["routing_curve"] = eval::routing_curve_json(table, *curve);
+  }
   if (!c.out.empty()) {
     make_dirs(c.out);
     write_file_atomic(c.out + "/domain-table.md", md);
     write_file_atomic(c.out + "/domain-table.json", j.dump(2) + "\n");
-    const std::string png = eval::plot_domain_table(table, c.out);
-    std::fprintf(stderr, "wrote %s/domain-table.md, .json and %s\n", c.out.c_str(), png.c_str());
+    std::string pngs = eval::plot_domain_table(table, c.out);
+    if (curve) pngs += " and " + eval::plot_routing_curve(table, *curve, c.out);
+    std::fprintf(stderr, "wrote %s/domain-table.md, .json, %s\n", c.out.c_str(), pngs.c_str());
   }
   std::cout << (c.json ? j.dump(2) + "\n" : md);
 }
@@ -141,6 +174,9 @@ void add_eval_domains_command(CLI::App* eval) {
   d->add_option("--router", c->router,
                 "router model file for the routed column: each held-out window answered by the model the router "
                 "picks for its text (default: the ensemble's router; none: no routed column)");
+  d->add_option("--fallback", c->fallback,
+                "with a router, the routing curve: quality against the share of windows the router sends from this "
+                "model to specialists, with the oracle as the ceiling (default: the column named generalist)");
   d->add_option("--data", w.data, "shard directory with the held-out splits of every domain")->required();
   d->add_option("--split", w.split, "validation or test")->capture_default_str();
   d->add_option("--domains", w.domains, "these domains only (default: every domain with the split)")->delimiter(',');

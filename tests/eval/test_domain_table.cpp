@@ -121,6 +121,46 @@ TEST(DomainTable, RoutedColumnRefusesChoicesThatDoNotFitTheScores) {
   EXPECT_THROW(eval::add_routed(t, {{"cpp", {}}}), Error);         // no windows
 }
 
+TEST(DomainTable, RoutingCurveOfTheRouterAndTheOracleByHand) {
+  // Three windows of 10, 20 and 30 bytes (two targets each). NLL per window:
+  //   g (fallback) 5 8 9;  s1 3 9 9;  s2 6 4 10.
+  // The oracle's savings over g: window 1 with s2 (4), window 0 with s1 (2), window 2 with s1 (0).
+  // The router sends window 0 to s2 (confidence 0.9: a bad pick), window 1 to s2 (0.6), keeps window 2 on g.
+  const std::vector<double> bytes = {10, 20, 30};
+  const auto t = eval::make_domain_table({{"g", {{"x", windowed({5, 8, 9}, bytes)}}},
+                                          {"s1", {{"x", windowed({3, 9, 9}, bytes)}}},
+                                          {"s2", {{"x", windowed({6, 4, 10}, bytes)}}}});
+  const auto c = eval::routing_curve(t, "g", {{"x", {{2, 0.9}, {2, 0.6}, {0, 0.8}}}});
+  const double ln2 = std::log(2.0);
+  EXPECT_EQ(c.windows, 3);
+  ASSERT_EQ(c.router.size(), 3u);  // 0, 1 or 2 windows sent: the router never sends window 2
+  EXPECT_NEAR(c.router[0].score.bpb, 22 / ln2 / 60, 1e-12);
+  EXPECT_NEAR(c.router[1].score.bpb, 23 / ln2 / 60, 1e-12);  // window 0: 5 -> 6
+  EXPECT_NEAR(c.router[2].score.bpb, 19 / ln2 / 60, 1e-12);  // window 1: 8 -> 4
+  EXPECT_DOUBLE_EQ(c.router[2].share, 2.0 / 3.0);
+  EXPECT_DOUBLE_EQ(c.router[2].score.loss, 19.0 / 6.0);
+  ASSERT_EQ(c.oracle.size(), 4u);
+  EXPECT_NEAR(c.oracle[1].score.bpb, 18 / ln2 / 60, 1e-12);
+  EXPECT_NEAR(c.oracle[2].score.bpb, 16 / ln2 / 60, 1e-12);
+  EXPECT_NEAR(c.oracle[3].score.bpb, 16 / ln2 / 60, 1e-12);
+  // Shares 0, 25% (round(0.75) = 1 window) and the router's largest, 2 windows; random halfway at 1: (22 + 19) / 2.
+  const std::string md = eval::routing_curve_markdown(t, c);
+  char row[160];
+  std::snprintf(row, sizeof row, "| 33%% (1) | %.4f | %.4f | %.4f |", 23 / ln2 / 60, 20.5 / ln2 / 60, 18 / ln2 / 60);
+  EXPECT_NE(md.find(row), std::string::npos) << row << "\n" << md;
+  std::snprintf(row, sizeof row, "| 67%% (2) | %.4f | %.4f | %.4f |", 19 / ln2 / 60, 19 / ln2 / 60, 16 / ln2 / 60);
+  EXPECT_NE(md.find(row), std::string::npos) << row << "\n" << md;
+  EXPECT_EQ(md.find("| 0% (0) |", md.find("| 0% (0) |") + 1), std::string::npos) << "a share repeated\n" << md;
+  const auto j = eval::routing_curve_json(t, c);
+  EXPECT_EQ(j["fallback"], "g");
+  EXPECT_EQ(j["oracle"].size(), 4u);
+  EXPECT_NEAR(j["router"][2]["value"].get<double>(), 19 / ln2 / 60, 1e-12);
+
+  EXPECT_THROW(eval::routing_curve(t, "nobody", {{"x", {{0, 1}, {0, 1}, {0, 1}}}}), Error);
+  EXPECT_THROW(eval::routing_curve(t, "g", {{"x", {{3, 1}, {0, 1}, {0, 1}}}}), Error);  // no model #3
+  EXPECT_THROW(eval::routing_curve(t, "g", {{"y", {{0, 1}}}}), Error);                  // g not scored on y
+}
+
 TEST(DomainTableCli, TwoRunsScoredOnTheSameWindowsAsSlmEvalAlone) {
   const std::string dir = fresh_dir("domain_table"), data = dir + "/shards";
   ::mkdir(data.c_str(), 0755);

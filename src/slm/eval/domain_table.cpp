@@ -226,3 +226,185 @@ std::string plot_domain_table(const DomainTable& t, const std::string& dir) {
 }
 
 }  // namespace slm::eval
+
+namespace slm::eval {
+
+namespace {
+
+// One held-out window with every model's NLL on it (NaN for a model not scored on its domain).
+struct CurveWindow {
+  double bytes = 0, tokens = 0;
+  std::vector<double> nll;
+  RouterPick pick;
+};
+
+CurvePoint curve_point(int64_t sent, int64_t windows, double nll, double bytes, double tokens) {
+  CurvePoint p;
+  p.sent = sent;
+  p.share = windows ? static_cast<double>(sent) / static_cast<double>(windows) : 0;
+  p.score.loss = tokens > 0 ? nll / tokens : 0;
+  p.score.bpb = bytes > 0 ? nll / std::log(2.0) / bytes : std::nan("");
+  p.score.tokens = static_cast<int64_t>(tokens);
+  p.score.bytes = bytes;
+  return p;
+}
+
+}  // namespace
+
+RoutingCurve routing_curve(const DomainTable& t, const std::string& fallback,
+                           const std::map<std::string, std::vector<RouterPick>>& picks) {
+  const auto fb_it = std::find(t.models.begin(), t.models.end(), fallback);
+  if (fb_it == t.models.end()) throw Error("routing curve: the fallback '" + fallback + "' is not a model");
+  const size_t fb = static_cast<size_t>(fb_it - t.models.begin());
+  std::vector<CurveWindow> ws;
+  for (const auto& [d, p] : picks) {
+    auto fs = t.scores.at(fallback).find(d);
+    if (fs == t.scores.at(fallback).end())
+      throw Error("routing curve: the fallback '" + fallback + "' was not scored on domain " + d);
+    const size_t n = p.size();
+    for (size_t w = 0; w < n; ++w) {
+      CurveWindow x;
+      x.bytes = fs->second.window_bytes.at(w);
+      x.tokens = static_cast<double>(fs->second.tokens) / static_cast<double>(n);  // every window: seq_len targets
+      x.nll.assign(t.models.size(), std::nan(""));
+      for (size_t m = 0; m < t.models.size(); ++m) {
+        auto it = t.scores.at(t.models[m]).find(d);
+        if (it == t.scores.at(t.models[m]).end()) continue;
+        if (it->second.window_nll.size() != n)
+          throw Error("routing curve: model " + t.models[m] + " scored " +
+                      std::to_string(it->second.window_nll.size()) + " windows of domain " + d + ", the router " +
+                      std::to_string(n));
+        x.nll[m] = it->second.window_nll[w];
+      }
+      if (p[w].model >= t.models.size() || std::isnan(x.nll[p[w].model]))
+        throw Error("routing curve: domain " + d + ", window " + std::to_string(w) +
+                    " is picked for a model that is not scored on it");
+      x.pick = p[w];
+      ws.push_back(std::move(x));
+    }
+  }
+  RoutingCurve c;
+  c.fallback = fallback;
+  c.windows = static_cast<int64_t>(ws.size());
+  double nll0 = 0, bytes = 0, tokens = 0;
+  for (const auto& x : ws) {
+    nll0 += x.nll[fb];
+    bytes += x.bytes;
+    tokens += x.tokens;
+  }
+  // Both curves add windows one at a time in their order, each swapping the fallback's NLL for its specialist's.
+  auto trace = [&](std::vector<std::pair<size_t, size_t>> order) {  // (window, model)
+    std::vector<CurvePoint> out{curve_point(0, c.windows, nll0, bytes, tokens)};
+    double nll = nll0;
+    for (const auto& [w, m] : order) {
+      nll += ws[w].nll[m] - ws[w].nll[fb];
+      out.push_back(curve_point(static_cast<int64_t>(out.size()), c.windows, nll, bytes, tokens));
+    }
+    return out;
+  };
+  std::vector<size_t> by_confidence;
+  for (size_t w = 0; w < ws.size(); ++w)
+    if (ws[w].pick.model != fb) by_confidence.push_back(w);
+  std::stable_sort(by_confidence.begin(), by_confidence.end(),
+                   [&](size_t a, size_t b) { return ws[a].pick.confidence > ws[b].pick.confidence; });
+  std::vector<std::pair<size_t, size_t>> router_order, oracle_order;
+  for (size_t w : by_confidence) router_order.emplace_back(w, ws[w].pick.model);
+  std::vector<std::pair<double, std::pair<size_t, size_t>>> gains;  // (saving, (window, best specialist))
+  for (size_t w = 0; w < ws.size(); ++w) {
+    size_t best = fb;
+    for (size_t m = 0; m < t.models.size(); ++m)
+      if (m != fb && !std::isnan(ws[w].nll[m]) && (best == fb || ws[w].nll[m] < ws[w].nll[best])) best = m;
+    if (best != fb) gains.push_back({ws[w].nll[fb] - ws[w].nll[best], {w, best}});
+  }
+  std::stable_sort(gains.begin(), gains.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (const auto& g : gains) oracle_order.push_back(g.second);
+  c.router = trace(router_order);
+  c.oracle = trace(oracle_order);
+  return c;
+}
+
+namespace {
+
+// The random router at `sent` windows: the expected score of sending a random `sent` of the router's picks, i.e.
+// the straight line between the curve's ends.
+double random_value(const DomainTable& t, const RoutingCurve& c, int64_t sent) {
+  const double v0 = measure(t, c.router.front().score), v1 = measure(t, c.router.back().score);
+  const int64_t all = c.router.back().sent;
+  return all ? v0 + (v1 - v0) * static_cast<double>(sent) / static_cast<double>(all) : v0;
+}
+
+}  // namespace
+
+std::string routing_curve_markdown(const DomainTable& t, const RoutingCurve& c) {
+  std::ostringstream md;
+  md << "| share of windows sent to a specialist | router | random | oracle (ceiling) |\n|---:|---:|---:|---:|\n";
+  const int64_t most = c.router.back().sent;
+  std::vector<int64_t> counts;
+  for (double s : {0.0, 0.1, 0.25, 0.5, 0.75}) {
+    const auto k = static_cast<int64_t>(std::llround(s * static_cast<double>(c.windows)));
+    if (k < most && (counts.empty() || k > counts.back())) counts.push_back(k);
+  }
+  if (counts.empty() || most > counts.back()) counts.push_back(most);
+  char buf[160];
+  for (int64_t k : counts) {
+    std::snprintf(buf, sizeof buf, "| %.0f%% (%lld) | %.4f | %.4f | %.4f |\n",
+                  100.0 * static_cast<double>(k) / static_cast<double>(std::max<int64_t>(1, c.windows)),
+                  static_cast<long long>(k), measure(t, c.router[k].score), random_value(t, c, k),
+                  measure(t, c.oracle[k].score));
+    md << buf;
+  }
+  const auto best = std::min_element(c.oracle.begin(), c.oracle.end(), [&](const auto& a, const auto& b) {
+    return measure(t, a.score) < measure(t, b.score);
+  });
+  std::snprintf(buf, sizeof buf, "%.4f at %.0f%%", measure(t, best->score), 100.0 * best->share);
+  md << "\n"
+     << (t.bpb ? "Bits per byte" : "Loss in nats per token") << " pooled over " << c.windows
+     << " held-out windows; every window not sent is answered by " << c.fallback
+     << " (0%). router: the windows it is most confident about go to the specialist it picks; random: a random "
+        "subset of its picks (expected value); oracle: the windows a specialist helps most, the ceiling for any router "
+        "(its best: "
+     << buf << ").\n";
+  return md.str();
+}
+
+nlohmann::json routing_curve_json(const DomainTable& t, const RoutingCurve& c) {
+  auto points = [&](const std::vector<CurvePoint>& v) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& p : v) a.push_back({{"sent", p.sent}, {"share", p.share}, {"value", measure(t, p.score)}});
+    return a;
+  };
+  return {{"fallback", c.fallback},
+          {"windows", c.windows},
+          {"measure", t.bpb ? "bpb" : "loss"},
+          {"router", points(c.router)},
+          {"oracle", points(c.oracle)}};
+}
+
+std::string plot_routing_curve(const DomainTable& t, const RoutingCurve& c, const std::string& dir) {
+  make_dirs(dir);
+  const std::string data = dir + "/routing-curve.dat", script = dir + "/routing-curve.gp",
+                    png = dir + "/routing-curve.png";
+  {
+    std::ofstream f(data);
+    // Three gnuplot data sets (index 0, 1, 2), two blank lines apart: router, random, oracle.
+    for (const auto& p : c.router) f << 100 * p.share << " " << measure(t, p.score) << "\n";
+    f << "\n\n0 " << random_value(t, c, 0) << "\n"
+      << 100 * c.router.back().share << " " << random_value(t, c, c.router.back().sent) << "\n\n\n";
+    for (const auto& p : c.oracle) f << 100 * p.share << " " << measure(t, p.score) << "\n";
+    if (!f) throw Error(data + ": cannot write");
+  }
+  std::ostringstream gp;
+  gp << "set terminal pngcairo size 800,520 noenhanced\nset output " << single_quoted(png) << "\n"
+     << "set title " << single_quoted("quality against the share of held-out windows sent to specialists") << "\n"
+     << "set xlabel " << single_quoted("% of windows answered by a specialist (the rest: " + c.fallback + ")") << "\n"
+     << "set ylabel " << single_quoted(t.bpb ? "bits per byte (lower is better)" : "nats per token") << "\n"
+     << "set grid\nset key top right\nset xrange [0:100]\n"
+     << "plot " << single_quoted(data) << " index 0 with lines lw 2 title 'router', " << single_quoted(data)
+     << " index 1 with lines dt 2 title 'random', " << single_quoted(data)
+     << " index 2 with lines lw 2 title 'oracle (ceiling)'\n";
+  write_file_atomic(script, gp.str());
+  run_gnuplot(script, dir + "/routing-curve.log");
+  return png;
+}
+
+}  // namespace slm::eval

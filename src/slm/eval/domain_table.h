@@ -39,6 +39,39 @@ DomainTable make_domain_table(const std::vector<std::pair<std::string, DomainSco
 // that differs from the choices'.
 void add_routed(DomainTable& table, const std::map<std::string, std::vector<size_t>>& choice);
 
+// The RouteLLM-style routing curve (issue 18): quality against the share of held-out windows sent away from a fallback
+// model (the generalist) to specialists. One point per count c of windows sent, pooled over every window of every
+// domain (sum of NLL over sum of bytes):
+//   router: the c windows the router is most confident about (RouterPick::confidence, descending) answered by the
+//           specialist it picks, every other window by the fallback; windows it picks the fallback for never count;
+//   oracle: the c windows where the best specialist saves the most NLL over the fallback answered by that specialist:
+//           no router sending c windows can do better, so it is the ceiling at each share;
+//   random: sending a random c of the router's picks is, in expectation, the straight line from c = 0 to all of them.
+struct RouterPick {
+  size_t model = 0;       // index into table.models
+  double confidence = 0;  // the router's probability for that model's labels
+};
+struct CurvePoint {
+  int64_t sent = 0;  // windows answered by a specialist
+  double share = 0;  // sent / all windows
+  train::DomainScore score;
+};
+struct RoutingCurve {
+  std::string fallback;
+  int64_t windows = 0;
+  std::vector<CurvePoint> router, oracle;  // router: c = 0..(windows picked away from the fallback); oracle: 0..windows
+};
+
+// picks: domain -> one pick per window of that domain (the table's window order). Throws slm::Error for a fallback
+// that is not a model or lacks a picked domain, a pick out of range, or window counts that differ between models.
+RoutingCurve routing_curve(const DomainTable& table, const std::string& fallback,
+                           const std::map<std::string, std::vector<RouterPick>>& picks);
+// A Markdown table at shares 0, 10, 25, 50, 75 % and the router's largest: router, random and oracle at each share.
+std::string routing_curve_markdown(const DomainTable& table, const RoutingCurve& curve);
+nlohmann::json routing_curve_json(const DomainTable& table, const RoutingCurve& curve);
+// <dir>/routing-curve.png (gnuplot data and script beside it); returns its path.
+std::string plot_routing_curve(const DomainTable& table, const RoutingCurve& curve, const std::string& dir);
+
 // The table's measure of one score (bpb, or loss when the table has no bpb).
 double measure(const DomainTable& table, const train::DomainScore& score);
 
