@@ -78,6 +78,27 @@ bool is_source_name(const std::string& path) {
 
 }  // namespace
 
+std::optional<BodySplit> split_body(const std::string& t, const BodyCutOptions& options) {
+  const auto [open, close] = body_braces(t);
+  if (open == std::string::npos) return std::nullopt;
+  const size_t open_end = t.find('\n', open);
+  if (open_end == std::string::npos || open_end >= close || t.find_first_not_of(" \t\r", open + 1) != open_end)
+    return std::nullopt;  // the '{' must end its line
+  const size_t close_line = t.rfind('\n', close) + 1;
+  if (close_line <= open_end + 1 || t.find_first_not_of(" \t", close_line) != close)
+    return std::nullopt;  // the '}' must start its line, below the opening one
+  BodySplit s;
+  s.head_end = open_end + 1;
+  s.close_line = close_line;
+  s.body = t.substr(s.head_end, close_line - 1 - s.head_end);
+  s.stop = "\n" + t.substr(close_line, close - close_line) + "}";
+  const auto lines = static_cast<size_t>(std::count(s.body.begin(), s.body.end(), '\n')) + 1;
+  if (lines < options.min_body_lines || s.body.size() > options.max_body_bytes ||
+      s.body.find(s.stop) != std::string::npos)
+    return std::nullopt;
+  return s;
+}
+
 std::vector<BodyCut> cut_function_bodies(const std::string& name, const std::string& text, const std::string& dir,
                                          const BodyCutOptions& options) {
   data::CallGraphOptions go;
@@ -88,28 +109,15 @@ std::vector<BodyCut> cut_function_bodies(const std::string& name, const std::str
     // The definition where the parser saw it: its text ends at or after the start of its line.
     const size_t start = text.rfind(f.text, line_offset(text, f.line + 1));
     if (start == std::string::npos) continue;
-    const auto [open_in, close_in] = body_braces(f.text);
-    if (open_in == std::string::npos) continue;
-    const size_t open = start + open_in, close = start + close_in;
-    const size_t open_end = text.find('\n', open);
-    if (open_end == std::string::npos || open_end >= close || text.find_first_not_of(" \t\r", open + 1) != open_end)
-      continue;  // the '{' must end its line
-    const size_t close_line = text.rfind('\n', close) + 1;
-    if (close_line <= open_end + 1 || text.find_first_not_of(" \t", close_line) != close)
-      continue;  // the '}' must start its line, below the opening one
-    const std::string indent = text.substr(close_line, close - close_line);
-    const std::string body = text.substr(open_end + 1, close_line - 1 - (open_end + 1));
-    const std::string stop = "\n" + indent + "}";
-    const auto lines = static_cast<size_t>(std::count(body.begin(), body.end(), '\n')) + 1;
-    if (lines < options.min_body_lines || body.size() > options.max_body_bytes || body.find(stop) != std::string::npos)
-      continue;
+    const auto split = split_body(f.text, options);
+    if (!split) continue;
     BodyCut c;
     c.problem.name = name + ":" + std::to_string(f.line) + ":" + f.qualified();
-    c.problem.prompt = text.substr(0, open_end + 1);
-    c.problem.tests = text.substr(close_line);
-    c.problem.stop_tokens = {stop};
+    c.problem.prompt = text.substr(0, start + split->head_end);
+    c.problem.tests = text.substr(start + split->close_line);
+    c.problem.stop_tokens = {split->stop};
     if (!dir.empty()) c.problem.quote_dirs = {dir};
-    c.body = body;
+    c.body = split->body;
     cuts.push_back(std::move(c));
   }
   if (cuts.size() > options.max_per_file) {

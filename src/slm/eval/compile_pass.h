@@ -6,6 +6,7 @@
 // generates, judges and reports them: pass@1 is the compile-pass rate.
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,17 @@ struct BodyCut {
   Problem problem;
   std::string body;
 };
+
+// A definition's text split at its body: text[0, head_end) runs through the line of the opening '{' (which must end
+// that line), body is what lies between that line and the line of the closing '}' (which must start it), and the
+// closing line starts at close_line; stop = "\n" + that line's indentation + "}", which body does not contain.
+// nullopt for a definition without such a body (= default, one-line bodies, a function-try block) or one outside the
+// options' line and byte limits. Comments, string and character literals are skipped when matching braces.
+struct BodySplit {
+  size_t head_end = 0, close_line = 0;
+  std::string body, stop;
+};
+std::optional<BodySplit> split_body(const std::string& definition, const BodyCutOptions& options);
 
 // The function definitions of one file (tree-sitter, data/callgraph.h) whose body opens with a '{' that ends its line
 // and closes with a '}' that starts one: prompt = the file through the opening line; tests = the closing line and
