@@ -16,6 +16,7 @@
 #include "slm/eval/completions.h"
 #include "slm/eval/humaneval.h"
 #include "slm/eval/model_completions.h"
+#include "slm/eval/server_completions.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 #include "slm/util/progress.h"
@@ -27,7 +28,8 @@ namespace {
 struct HumanEvalCli {
   std::string problems = "../shared/eval/multipl-e/humaneval-cpp.jsonl";  // relative to the repository root
   std::string completions;
-  eval::ModelSpec model;
+  eval::ModelSpec model;    // model.checkpoint may be a server's URL
+  eval::ServerSpec server;  // its url and sampling come from model
   double temperature = -1;  // -1: greedy for --n 1, else 0.8
   eval::HumanEvalOptions run;
   std::string sandbox = "auto";
@@ -79,12 +81,21 @@ void run_problems(HumanEvalCli& c, std::vector<eval::Problem> problems, const st
     if (!c.model.checkpoint.empty()) throw Error("give either --completions or --model, not both");
     source = std::make_unique<eval::CompletionsFile>(c.completions, problems);
   } else {
-    if (c.threads > 0) torch::set_num_threads(c.threads);
-    c.model.temperature = c.temperature >= 0 ? c.temperature : (o.n == 1 ? 0.0 : 0.8);
+    auto& sampling = c.model.sampling;
+    sampling.temperature = c.temperature >= 0 ? c.temperature : (o.n == 1 ? 0.0 : 0.8);
     if (!c.out.empty()) o.completions_path = c.out + "/completions.jsonl";
-    source = std::make_unique<eval::ModelCompletions>(c.model);
-    if (c.model.checkpoint.empty())
-      std::cerr << "slm: warning: no checkpoint (--model): the weights are RANDOM, so every completion is noise\n";
+    if (eval::is_server_url(c.model.checkpoint)) {
+      if (!c.model.recipe.empty() || !c.model.tokenizer.empty())
+        throw Error("--recipe and --tokenizer are the server's business when --model is a URL");
+      c.server.url = c.model.checkpoint;
+      c.server.sampling = sampling;
+      source = std::make_unique<eval::ServerCompletions>(c.server);
+    } else {
+      if (c.threads > 0) torch::set_num_threads(c.threads);
+      source = std::make_unique<eval::ModelCompletions>(c.model);
+      if (c.model.checkpoint.empty())
+        std::cerr << "slm: warning: no checkpoint (--model): the weights are RANDOM, so every completion is noise\n";
+    }
   }
   std::cerr << "slm: " << problems.size() << " problems from " << label << "; completions: " << source->describe()
             << "\n";
@@ -185,7 +196,15 @@ namespace {
 
 void add_shared_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
   h->add_option("--model,--checkpoint", c->model.checkpoint,
-                "training checkpoint, run directory (its latest) or weights file to generate with");
+                "training checkpoint, run directory (its latest) or weights file to generate with; or the URL of a "
+                "running `slm serve` (http://HOST:PORT) to ask over its HTTP API");
+  h->add_option("--server-model", c->server.model,
+                "with a server URL: the model each request names (a specialist, or auto: the router picks)")
+      ->capture_default_str();
+  h->add_option("--parallel", c->server.parallel,
+                "with a server URL: requests in flight at once (the server batches them)")
+      ->capture_default_str();
+  h->add_option("--api-key", c->server.api_key, "with a server URL: its API key, if it wants one");
   h->add_option("--recipe", c->model.recipe,
                 "recipe (default: the training checkpoint's; alone, without --model: RANDOM weights)");
   h->add_option("--tokenizer", c->model.tokenizer,
@@ -195,14 +214,19 @@ void add_shared_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
   h->add_option("--n", c->run.n, "samples per problem (greedy pass@1: 1; pass@10: 20 or more)")->capture_default_str();
   h->add_option("--k", c->run.ks, "pass@k to report (those <= n)")->delimiter(',')->capture_default_str();
   h->add_option("--temperature", c->temperature, "sampling temperature (default: 0 = greedy for --n 1, else 0.8)");
-  h->add_option("--top-p", c->model.top_p, "nucleus sampling mass")->capture_default_str();
-  h->add_option("--top-k", c->model.top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
-  h->add_option("--seed", c->model.seed, "sampling seed (and of RANDOM weights)")->capture_default_str();
-  h->add_option("--max-tokens", c->model.max_tokens,
+  h->add_option("--top-p", c->model.sampling.top_p, "nucleus sampling mass")->capture_default_str();
+  h->add_option("--top-k", c->model.sampling.top_k, "sample from the k most likely tokens (0 = all; not with a URL)")
+      ->capture_default_str();
+  h->add_option("--seed", c->model.sampling.seed, "sampling seed (and of RANDOM weights)")->capture_default_str();
+  h->add_option("--max-tokens", c->model.sampling.max_tokens,
                 "tokens per completion (generation also stops at the stop "
                 "sequences and at EOS)")
       ->capture_default_str();
   h->add_option("--device", c->model.device, "cpu or cuda")->capture_default_str();
+  h->add_option("--slots", c->model.slots,
+                "in-process: sequences generated at once (continuous batching; the samples of a problem and of the "
+                "next ones)")
+      ->capture_default_str();
   h->add_option("--threads", c->threads, "CPU threads for generation (0: torch's default)")->capture_default_str();
   h->add_option("--jobs", c->run.jobs, "programs compiled and run in parallel (0: one per core)")
       ->capture_default_str();

@@ -64,7 +64,7 @@ TEST(HumanEvalProblems, CompletionsFileGroupsSamplesAndRejectsUnknownTasks) {
 )"),
                           problems);
   EXPECT_EQ(f.count(problems[0], 7), 2);
-  EXPECT_EQ(f.complete(problems[0], 7), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(f.complete(problems[0], 7), (std::vector<eval::Completion>{{"a", ""}, {"b", ""}}));
   std::string m = error_of([&] {
     eval::CompletionsFile(write_temp("u.jsonl", R"({"task_id": "p1", "completion": "a"}
 {"task_id": "p9", "completion": "b"})"),

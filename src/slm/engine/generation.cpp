@@ -2,8 +2,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <memory>
 #include <limits>
+#include <memory>
 
 #include "slm/data/byte_tokenizer.h"
 #include "slm/data/detokenizer.h"
@@ -92,7 +92,8 @@ std::vector<int64_t> generate_mixture(const std::vector<MixtureMember>& members,
   const auto ids = torch::tensor(prompt, torch::kLong).unsqueeze(0);
   timing.graph = true;
   for (const auto& m : members) {
-    auto& r = runners.emplace_back(Runner{m.model, m.weight / total_weight, m.model->new_state(1, n + o.max_tokens), {}});
+    auto& r =
+        runners.emplace_back(Runner{m.model, m.weight / total_weight, m.model->new_state(1, n + o.max_tokens), {}});
     logits.push_back(r.model->prefill_last(ids.to(r.model->embed->weight.device()), r.state));
     if (o.cuda_graph && o.max_tokens > 1 && graph_decode_blocker(*r.model, r.state).empty())
       r.graph = std::make_unique<GraphDecoder>(*r.model, r.state);
@@ -124,57 +125,91 @@ std::vector<int64_t> generate(model::HybridLM& model, const std::vector<int64_t>
   return generate_mixture({{&model, 1.0}}, prompt, o, on_token, stats);
 }
 
+TextIds text_ids(const data::Tokenizer* tok, int64_t vocab, const std::string& prompt) {
+  TextIds t;
+  if (!tok) {
+    if (vocab < data::ByteTokenizer::kVocabSize)
+      throw Error("generate: vocab_size " + std::to_string(vocab) + " is smaller than the byte tokenizer's " +
+                  std::to_string(data::ByteTokenizer::kVocabSize) + " ids");
+    const auto ids = data::ByteTokenizer().encode(prompt, /*add_bos=*/true);
+    t.prompt.assign(ids.begin(), ids.end());
+    t.eos = data::ByteTokenizer::kEos;
+    for (int64_t id = 256; id < vocab; ++id)
+      if (id != t.eos) t.banned.push_back(id);
+    return t;
+  }
+  if (static_cast<int64_t>(tok->vocab_size()) > vocab)
+    throw Error("generate: the tokenizer's " + std::to_string(tok->vocab_size()) +
+                " ids do not fit the recipe's vocabulary of " + std::to_string(vocab));
+  t.prompt = {static_cast<int64_t>(tok->bos_id())};
+  for (uint32_t id : tok->encode(prompt)) t.prompt.push_back(id);
+  t.eos = tok->eos_id();
+  for (int64_t id = 0; id < vocab; ++id)
+    if (id >= static_cast<int64_t>(tok->vocab_size()) || (tok->is_special(static_cast<uint32_t>(id)) && id != t.eos))
+      t.banned.push_back(id);
+  return t;
+}
+
+TextOutput::TextOutput(const data::Tokenizer* tokenizer, std::vector<std::string> stops) : stops_(std::move(stops)) {
+  if (tokenizer) detok_.emplace(*tokenizer);
+}
+
+std::string TextOutput::push(int64_t id) {
+  std::string piece = detok_ ? detok_->push(static_cast<uint32_t>(id))
+                             : (id >= 0 && id < 256 ? std::string(1, static_cast<char>(id)) : std::string());
+  text_ += piece;
+  stopped_ = stopped_ || reached_stop(text_, piece.size(), stops_);
+  return piece;
+}
+
+std::string TextOutput::flush() {
+  return detok_ ? detok_->flush() : "";
+}
+
+namespace {
+
+// generate() over text: the options' banned ids and stop id from text_ids, ending once `out` has stopped.
+std::vector<int64_t> generate_over_text(model::HybridLM& model, const TextIds& t, GenerationOptions o, int64_t stop_id,
+                                        TextOutput& out, const std::function<void(int64_t, const std::string&)>& seen,
+                                        GenerationStats* stats) {
+  o.banned = torch::zeros({model.recipe().vocab_size}, torch::kBool);
+  for (int64_t id : t.banned) o.banned[id] = true;
+  o.stop_id = stop_id;
+  return generate(
+      model, t.prompt, o,
+      [&](int64_t id) {
+        seen(id, out.push(id));
+        return !out.stopped();
+      },
+      stats);
+}
+
+}  // namespace
+
 std::vector<int64_t> generate_text(model::HybridLM& model, const data::Tokenizer& tok, const std::string& prompt,
                                    GenerationOptions o, const std::function<void(const std::string&)>& on_text,
                                    GenerationStats* stats) {
-  const int64_t vocab = model.recipe().vocab_size;
-  if (static_cast<int64_t>(tok.vocab_size()) > vocab)
-    throw Error("generate: the tokenizer's " + std::to_string(tok.vocab_size()) +
-                " ids do not fit the recipe's vocabulary of " + std::to_string(vocab));
-  std::vector<int64_t> ids = {static_cast<int64_t>(tok.bos_id())};
-  for (uint32_t id : tok.encode(prompt)) ids.push_back(id);
-  o.banned = torch::zeros({vocab}, torch::kBool);
-  for (int64_t id = 0; id < vocab; ++id)
-    if (id >= static_cast<int64_t>(tok.vocab_size()) ||
-        (tok.is_special(static_cast<uint32_t>(id)) && id != static_cast<int64_t>(tok.eos_id())))
-      o.banned[id] = true;
-  o.stop_id = tok.eos_id();
-  data::Detokenizer detok(tok);
-  std::string generated;
-  auto out = generate(
-      model, ids, o,
-      [&](int64_t id) {
-        std::string text = detok.push(static_cast<uint32_t>(id));
-        if (text.empty()) return true;
-        if (on_text) on_text(text);
-        generated += text;
-        return !reached_stop(generated, text.size(), o.stop_texts);
+  const TextIds t = text_ids(&tok, model.recipe().vocab_size, prompt);
+  TextOutput out(&tok, o.stop_texts);
+  auto ids = generate_over_text(
+      model, t, o, t.eos, out,
+      [&](int64_t, const std::string& piece) {
+        if (on_text && !piece.empty()) on_text(piece);
       },
       stats);
-  if (std::string rest = detok.flush(); on_text && !rest.empty()) on_text(rest);
-  return out;
+  if (std::string rest = out.flush(); on_text && !rest.empty()) on_text(rest);
+  return ids;
 }
 
 std::vector<int64_t> generate_byte_text(model::HybridLM& model, const std::string& prompt, GenerationOptions o,
                                         bool stop_at_eos, const std::function<void(int64_t)>& on_id,
                                         GenerationStats* stats) {
-  const int64_t vocab = model.recipe().vocab_size;
-  if (vocab < data::ByteTokenizer::kVocabSize)
-    throw Error("generate: vocab_size " + std::to_string(vocab) + " is smaller than the byte tokenizer's " +
-                std::to_string(data::ByteTokenizer::kVocabSize) + " ids");
-  o.banned = torch::ones({vocab}, torch::kBool);
-  o.banned.narrow(0, 0, 256).fill_(false);
-  o.banned[data::ByteTokenizer::kEos] = false;
-  o.stop_id = stop_at_eos ? data::ByteTokenizer::kEos : -1;
-  const auto ids = data::ByteTokenizer().encode(prompt, /*add_bos=*/true);
-  std::string generated;
-  return generate(
-      model, std::vector<int64_t>(ids.begin(), ids.end()), o,
-      [&](int64_t id) {
+  const TextIds t = text_ids(nullptr, model.recipe().vocab_size, prompt);
+  TextOutput out(nullptr, o.stop_texts);
+  return generate_over_text(
+      model, t, o, stop_at_eos ? t.eos : -1, out,
+      [&](int64_t id, const std::string&) {
         if (on_id) on_id(id);
-        if (id >= 256) return true;
-        generated += static_cast<char>(id);
-        return !reached_stop(generated, 1, o.stop_texts);
       },
       stats);
 }

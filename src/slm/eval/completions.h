@@ -1,7 +1,10 @@
 #pragma once
-// Where completions come from. The harness asks a CompletionSource for each problem's samples and judges them, so a
-// file of ready completions, an in-process model (model_completions.h) and, later, a server's HTTP API all go
-// through the same path.
+// Where completions come from. The harness asks a CompletionSource for every problem's samples at once and judges
+// each problem's as soon as they are all there, so a file of ready completions, an in-process model
+// (model_completions.h) and a server's HTTP API (server_completions.h) all go through the same path, and the
+// generating ones can work on many samples (of several problems) together.
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -10,17 +13,49 @@
 
 namespace slm::eval {
 
+struct Completion {
+  std::string text;        // after the prompt; the harness cuts it at the stop sequences
+  std::string specialist;  // which of a server's specialists answered ("" for other sources)
+  bool operator==(const Completion&) const = default;
+};
+
+// What a generating source asks of each sample.
+struct SamplingSpec {
+  int64_t max_tokens = 256;
+  double temperature = 0;  // 0: greedy
+  double top_p = 1.0;
+  int64_t top_k = 0;  // 0: no limit
+  uint64_t seed = 0;  // sample j of a problem uses sample_seed(seed, problem, j): any subset reproduces
+};
+
+uint64_t sample_seed(uint64_t seed, const Problem& problem, int j);
+// "greedy, up to 256 tokens", "temperature 0.8, top-p 0.95, up to 256 tokens", ... for describe().
+std::string describe_sampling(const SamplingSpec& sampling);
+
+// Receives one problem's completions (its index in the problems given to complete()); false stops the run early.
+using DeliverFn = std::function<bool(size_t problem, std::vector<Completion> completions)>;
+
 class CompletionSource {
  public:
   virtual ~CompletionSource() = default;
   // One line for the report: what produced the completions.
   virtual std::string describe() const = 0;
-  // How many samples complete() will return for the problem when asked for n.
+  // How many samples complete() will deliver for the problem when asked for n.
   virtual int count(const Problem& problem, int n) const = 0;
-  // The problem's completions (the text after its prompt; the harness cuts them at the stop sequences). Called from
-  // one thread, problem after problem.
-  virtual std::vector<std::string> complete(const Problem& problem, int n) = 0;
+  // Every problem's completions, handed to deliver on the calling thread, in problem order, as soon as each
+  // problem's are all there; problems without any are skipped. Returns once all are delivered or deliver returned
+  // false. Throws slm::Error when generation fails.
+  virtual void complete(const std::vector<Problem>& problems, int n, const DeliverFn& deliver) = 0;
+  // One problem's completions.
+  std::vector<Completion> complete(const Problem& problem, int n);
 };
+
+// The scheduling of the generating sources: sample(problem, j) for every j < n of every problem, run on `parallel`
+// threads that take the samples in problem order, so up to `parallel` are in flight at once (a batching engine or
+// server generates them together). Delivery as CompletionSource::complete. After the first exception of sample, or
+// once deliver returned false, no sample starts; the exception is rethrown when those in flight are done.
+void complete_concurrently(const std::vector<Problem>& problems, int n, int parallel,
+                           const std::function<Completion(size_t problem, int j)>& sample, const DeliverFn& deliver);
 
 // Completions produced elsewhere: JSONL with one sample per line, {"task_id": NAME, "completion": TEXT} ("name" is
 // accepted for "task_id", as MultiPL-E's problem files call it); other fields are ignored. Every line of a problem is
@@ -32,7 +67,8 @@ class CompletionsFile : public CompletionSource {
   CompletionsFile(const std::string& path, const std::vector<Problem>& problems);
   std::string describe() const override;
   int count(const Problem& problem, int n) const override;
-  std::vector<std::string> complete(const Problem& problem, int n) override;
+  using CompletionSource::complete;
+  void complete(const std::vector<Problem>& problems, int n, const DeliverFn& deliver) override;
 
  private:
   std::string path_;

@@ -206,13 +206,15 @@ nlohmann::json problem_json(const ProblemResult& r, const std::vector<int>& ks) 
   for (int k : ks)
     if (k <= n) j["pass_at_k"][std::to_string(k)] = pass_at_k(n, r.passed(), k);
   j["samples"] = nlohmann::json::array();
-  for (const auto& s : r.samples)
+  for (const auto& s : r.samples) {
     j["samples"].push_back({{"status", outcome_name(s.outcome)},
                             {"detail", s.detail},
                             {"compile_s", s.compile_s},
                             {"run_s", s.run_s},
                             {"stderr_head", s.stderr_head},
                             {"completion", s.completion}});
+    if (!s.specialist.empty()) j["samples"].back()["specialist"] = s.specialist;
+  }
   return j;
 }
 
@@ -227,6 +229,8 @@ nlohmann::json HumanEvalReport::summary_json() const {
                       {"unscored", unscored},
                       {"seconds", seconds},
                       {"warnings", warnings}};
+  j["specialists"] = nlohmann::json::object();
+  for (const auto& [name, count] : specialists) j["specialists"][name] = count;
   j["pass_at_k"] = nlohmann::json::object();
   for (const auto& [k, v] : pass_at_k) j["pass_at_k"][std::to_string(k)] = v;
   j["pass_at_k_problems"] = nlohmann::json::object();
@@ -248,6 +252,11 @@ std::string HumanEvalReport::table() const {
                 isolation.c_str(), seconds);
   t += std::string(compile_only ? "Compile-pass" : "HumanEval-C++") + " (" + problems_file + "): " + buf;
   t += "completions: " + source + "\n";
+  if (!specialists.empty()) {
+    t += "answered by:";
+    for (const auto& [name, count] : specialists) t += " " + name + " " + std::to_string(count) + " samples,";
+    t.back() = '\n';
+  }
   t += "compiled as: " + compile_command + "\n\n";
   for (const auto& [k, v] : pass_at_k) {
     std::snprintf(buf, sizeof buf, "pass@%-4d %8s   (%d problems)\n", k, percent(v).c_str(), pass_at_k_problems.at(k));
@@ -309,6 +318,7 @@ HumanEvalReport run_humaneval(const std::string& problems_file, const std::vecto
       try {
         SampleResult r = judge.judge(problems[pi], results[pi].samples[si].completion);
         std::lock_guard<std::mutex> lock(mu);
+        r.specialist = std::move(results[pi].samples[si].specialist);
         results[pi].samples[si] = std::move(r);
         if (--remaining[pi] == 0 && results_out.is_open()) {
           results_out << json_line(problem_json(results[pi], o.ks)) << std::flush;
@@ -336,30 +346,30 @@ HumanEvalReport run_humaneval(const std::string& problems_file, const std::vecto
     for (auto& w : workers) w.join();
   };
   try {
-    for (size_t pi = 0; pi < problems.size(); ++pi) {
+    source.complete(problems, o.n, [&](size_t pi, std::vector<Completion> completions) {
       {
         std::lock_guard<std::mutex> lock(mu);
-        if (failure) break;
+        if (failure) return false;
       }
-      auto completions = source.complete(problems[pi], o.n);
-      if (completions.empty()) continue;
-      for (const auto& c : completions) {
+      if (completions.empty()) return true;
+      for (const auto& c : completions)
         if (completions_out.is_open())
-          completions_out << json_line({{"task_id", problems[pi].name}, {"completion", c}});
-      }
+          completions_out << json_line({{"task_id", problems[pi].name}, {"completion", c.text}});
       if (completions_out.is_open() && !completions_out.flush())
         throw Error(o.completions_path + ": write failed (" + std::strerror(errno) + ")");
       std::lock_guard<std::mutex> lock(mu);
       results[pi].name = problems[pi].name;
       results[pi].samples.resize(completions.size());
       for (size_t si = 0; si < completions.size(); ++si) {
-        results[pi].samples[si].completion = std::move(completions[si]);
+        results[pi].samples[si].completion = std::move(completions[si].text);
+        results[pi].samples[si].specialist = std::move(completions[si].specialist);
         queue.emplace_back(pi, si);
       }
       remaining[pi] = static_cast<int>(completions.size());
       scored[pi] = true;
       cv.notify_all();
-    }
+      return true;
+    });
   } catch (...) {
     {
       std::lock_guard<std::mutex> lock(mu);
@@ -383,7 +393,10 @@ HumanEvalReport run_humaneval(const std::string& problems_file, const std::vecto
       rep.unscored.push_back(problems[pi].name);
       continue;
     }
-    for (const auto& s : results[pi].samples) ++rep.outcomes[s.outcome];
+    for (const auto& s : results[pi].samples) {
+      ++rep.outcomes[s.outcome];
+      if (!s.specialist.empty()) ++rep.specialists[s.specialist];
+    }
     rep.samples += static_cast<int>(results[pi].samples.size());
     rep.problems.push_back(std::move(results[pi]));
   }

@@ -36,6 +36,7 @@ struct SampleResult {
   std::string detail;  // "exit status 134", "signal 6 (Aborted)", "compiler timed out", ...
   double compile_s = 0, run_s = 0;
   std::string stderr_head;  // the first bytes of the compiler's stderr (compile errors) or the program's
+  std::string specialist;   // which of a server's specialists answered ("" for other sources)
 };
 
 struct ProblemResult {
@@ -93,7 +94,8 @@ struct HumanEvalReport {
   std::vector<std::string> unscored;    // problems the source had no completions for
   std::map<int, double> pass_at_k;      // mean over problems with n >= k
   std::map<int, int> pass_at_k_problems;
-  std::map<Outcome, int> outcomes;  // over every sample
+  std::map<Outcome, int> outcomes;         // over every sample
+  std::map<std::string, int> specialists;  // samples per specialist that answered (a server's; else empty)
   int samples = 0;
   double seconds = 0;
   std::vector<std::string> warnings;
