@@ -1,5 +1,6 @@
 // slm eval humaneval: functional correctness (pass@k) on MultiPL-E's HumanEval-C++ or any problem file of its format;
-// slm eval compile-pass: the share of function bodies, completed in held-out files, with which the file compiles.
+// slm eval compile-pass: the share of function bodies, completed in held-out files, with which the file compiles;
+// slm eval context: context adherence and hallucination of bodies completed from their callees and callers.
 #include <torch/torch.h>
 
 #include <cerrno>
@@ -14,6 +15,7 @@
 #include "commands.h"
 #include "slm/eval/compile_pass.h"
 #include "slm/eval/completions.h"
+#include "slm/eval/context_adherence.h"
 #include "slm/eval/humaneval.h"
 #include "slm/eval/model_completions.h"
 #include "slm/eval/server_completions.h"
@@ -39,10 +41,11 @@ struct HumanEvalCli {
   std::string out = "out/eval/humaneval";
   int threads = 0;
   bool json = false;
-  // compile-pass only
+  // compile-pass and context
   std::string files;
   size_t max_files = 0;
   eval::BodyCutOptions cuts;
+  size_t max_context_bytes = eval::ContextCaseOptions{}.max_context_bytes;  // context only
 };
 
 eval::Isolation choose_isolation(const std::string& mode) {
@@ -58,17 +61,46 @@ eval::Isolation choose_isolation(const std::string& mode) {
   return eval::Isolation::kNone;
 }
 
-// Generates (or reads) completions for the problems, judges them and reports; label names the problem set.
-void run_problems(HumanEvalCli& c, std::vector<eval::Problem> problems, const std::string& label) {
+// Where the completions come from: a file of ready ones, a server (--model URL) or the in-process model.
+std::unique_ptr<eval::CompletionSource> make_source(HumanEvalCli& c, const std::vector<eval::Problem>& problems) {
+  if (!c.completions.empty()) {
+    if (!c.model.checkpoint.empty()) throw Error("give either --completions or --model, not both");
+    return std::make_unique<eval::CompletionsFile>(c.completions, problems);
+  }
+  auto& sampling = c.model.sampling;
+  sampling.temperature = c.temperature >= 0 ? c.temperature : (c.run.n == 1 ? 0.0 : 0.8);
+  if (eval::is_server_url(c.model.checkpoint)) {
+    if (!c.model.recipe.empty() || !c.model.tokenizer.empty())
+      throw Error("--recipe and --tokenizer are the server's business when --model is a URL");
+    c.server.url = c.model.checkpoint;
+    c.server.sampling = sampling;
+    return std::make_unique<eval::ServerCompletions>(c.server);
+  }
+  if (c.threads > 0) torch::set_num_threads(c.threads);
+  if (c.model.checkpoint.empty())
+    std::cerr << "slm: warning: no checkpoint (--model): the weights are RANDOM, so every completion is noise\n";
+  return std::make_unique<eval::ModelCompletions>(c.model);
+}
+
+// --tasks, then --limit: the items whose problem is named, then the first N.
+template <class T, class Problem>
+std::vector<T> select_tasks(const HumanEvalCli& c, std::vector<T> items, const std::string& label, Problem problem) {
   if (!c.tasks.empty()) {
     std::set<std::string> want(c.tasks.begin(), c.tasks.end());
-    std::vector<eval::Problem> chosen;
-    for (auto& p : problems)
-      if (want.erase(p.name)) chosen.push_back(std::move(p));
+    std::vector<T> chosen;
+    for (auto& item : items)
+      if (want.erase(problem(item).name)) chosen.push_back(std::move(item));
     if (!want.empty()) throw Error("--tasks: " + *want.begin() + " is not in " + label);
-    problems = std::move(chosen);
+    items = std::move(chosen);
   }
-  if (c.limit > 0 && static_cast<size_t>(c.limit) < problems.size()) problems.resize(static_cast<size_t>(c.limit));
+  if (c.limit > 0 && static_cast<size_t>(c.limit) < items.size()) items.resize(static_cast<size_t>(c.limit));
+  return items;
+}
+
+// Generates (or reads) completions for the problems, judges them and reports; label names the problem set.
+void run_problems(HumanEvalCli& c, std::vector<eval::Problem> problems, const std::string& label) {
+  problems =
+      select_tasks(c, std::move(problems), label, [](const eval::Problem& p) -> const eval::Problem& { return p; });
 
   auto& o = c.run;
   if (!c.out.empty()) {
@@ -76,27 +108,8 @@ void run_problems(HumanEvalCli& c, std::vector<eval::Problem> problems, const st
     o.results_path = c.out + "/results.jsonl";
   }
 
-  std::unique_ptr<eval::CompletionSource> source;
-  if (!c.completions.empty()) {
-    if (!c.model.checkpoint.empty()) throw Error("give either --completions or --model, not both");
-    source = std::make_unique<eval::CompletionsFile>(c.completions, problems);
-  } else {
-    auto& sampling = c.model.sampling;
-    sampling.temperature = c.temperature >= 0 ? c.temperature : (o.n == 1 ? 0.0 : 0.8);
-    if (!c.out.empty()) o.completions_path = c.out + "/completions.jsonl";
-    if (eval::is_server_url(c.model.checkpoint)) {
-      if (!c.model.recipe.empty() || !c.model.tokenizer.empty())
-        throw Error("--recipe and --tokenizer are the server's business when --model is a URL");
-      c.server.url = c.model.checkpoint;
-      c.server.sampling = sampling;
-      source = std::make_unique<eval::ServerCompletions>(c.server);
-    } else {
-      if (c.threads > 0) torch::set_num_threads(c.threads);
-      source = std::make_unique<eval::ModelCompletions>(c.model);
-      if (c.model.checkpoint.empty())
-        std::cerr << "slm: warning: no checkpoint (--model): the weights are RANDOM, so every completion is noise\n";
-    }
-  }
+  if (c.completions.empty() && !c.out.empty()) o.completions_path = c.out + "/completions.jsonl";
+  auto source = make_source(c, problems);
   std::cerr << "slm: " << problems.size() << " problems from " << label << "; completions: " << source->describe()
             << "\n";
   auto report = [&] {
@@ -127,14 +140,19 @@ void apply_limits(HumanEvalCli& c) {
   o.run.cpu_s = std::max(1, static_cast<int>(std::ceil(o.run.wall_s)));
 }
 
-void run_compile_pass_cli(HumanEvalCli& c) {
-  c.run.compile.syntax_only = true;
-  for (auto& d : c.run.compile.include_dirs) {  // the judge compiles in a directory of its own
+// The judge (and the context command's preprocessor) run in directories of their own.
+void absolute_include_dirs(HumanEvalCli& c) {
+  for (auto& d : c.run.compile.include_dirs) {
     char* real = ::realpath(d.c_str(), nullptr);
     if (!real) throw Error("--include " + d + ": " + std::strerror(errno));
     d = real;
     std::free(real);
   }
+}
+
+void run_compile_pass_cli(HumanEvalCli& c) {
+  c.run.compile.syntax_only = true;
+  absolute_include_dirs(c);
   apply_limits(c);
   auto cuts = eval::cut_source_tree(c.files, c.max_files, c.cuts);
   const size_t all = cuts.size();
@@ -152,8 +170,67 @@ void run_compile_pass_cli(HumanEvalCli& c) {
   run_problems(c, std::move(problems), c.files);
 }
 
-// The options both commands take: where completions come from, sampling, the judge's limits, the output.
-void add_shared_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c);
+void run_context_cli(HumanEvalCli& c) {
+  absolute_include_dirs(c);
+  eval::ContextCaseOptions co;
+  co.cut = c.cuts;
+  co.max_context_bytes = c.max_context_bytes;
+  auto cases = select_tasks(c, eval::make_context_cases(c.files, co), c.files,
+                            [](const eval::ContextCase& k) -> const eval::Problem& { return k.problem; });
+  if (cases.empty())
+    throw Error("context adherence: no function under " + c.files +
+                " calls another function of the tree and has a body to cut (or none of its callees fits "
+                "--max-context-bytes)");
+  std::vector<eval::Problem> problems;
+  for (const auto& k : cases) problems.push_back(k.problem);
+  if (!c.out.empty()) make_dirs(c.out);
+  auto source = make_source(c, problems);
+  std::cerr << "slm: " << cases.size() << " context-graph cases from " << c.files
+            << "; completions: " << source->describe() << "\n";
+  eval::KnownIdentifiers known(c.run.compile.compiler, c.run.compile.standard, c.run.compile.include_dirs);
+  ProgressBar bar(std::cerr, "context", cases.size(), "cases");
+  const auto r = eval::run_context_adherence(cases, *source, c.run.n, known, c.files,
+                                             c.out.empty() ? "" : c.out + "/results.jsonl",
+                                             [&](size_t done, size_t) { bar.update(done); });
+  bar.finish();
+  auto j = r.json();
+  j["files"] = c.files;
+  j["source"] = source->describe();
+  if (!c.out.empty())
+    write_file_atomic(c.out + "/summary.json", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  if (c.json) {
+    std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    return;
+  }
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "Context adherence (%s): %zu cases, %zu completions\ncompletions: %s\n\n"
+                "calls a provided callee              %6.2f%%   (%zu of %zu completions)\n"
+                "unknown identifiers (hallucinated)   %6.2f%%   (%llu of %llu identifiers used)\n"
+                "completions with an unknown one      %6.2f%%   (%zu)\n",
+                c.files.c_str(), r.cases, r.completions, source->describe().c_str(), 100 * r.adherence(), r.adhering,
+                r.completions, 100 * r.hallucination_rate(), static_cast<unsigned long long>(r.unknown),
+                static_cast<unsigned long long>(r.identifiers),
+                r.completions ? 100.0 * static_cast<double>(r.with_unknown) / static_cast<double>(r.completions) : 0.0,
+                r.with_unknown);
+  std::cout << buf;
+  if (!r.specialists.empty()) {
+    std::cout << "answered by:";
+    for (const auto& [name, count] : r.specialists) std::cout << " " << name << " " << count;
+    std::cout << "\n";
+  }
+  if (!c.out.empty()) std::cerr << "slm: wrote " << c.out << "/results.jsonl and " << c.out << "/summary.json\n";
+}
+
+// The options of every command here: where completions come from, sampling, the selection, the output.
+void add_source_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c);
+// Those of the commands that compile what the model wrote: pass@k and the judge's limits.
+void add_judge_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c);
+// The compiler and the standard (the judge's, and the preprocessor that lists a file's known identifiers).
+void add_compiler_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
+  h->add_option("--compiler", c->run.compile.compiler, "C++ compiler")->capture_default_str();
+  h->add_option("--std", c->run.compile.standard, "language standard")->capture_default_str();
+}
 
 }  // namespace
 
@@ -165,7 +242,9 @@ void add_eval_humaneval_command(CLI::App* eval) {
       "it with the tests, run it in a sandbox, report pass@k (docs/evaluation.md)");
   h->add_option("--problems", c->problems, "problem file (MultiPL-E JSONL: name, prompt, tests, stop_tokens)")
       ->capture_default_str();
-  add_shared_options(h, c);
+  add_source_options(h, c);
+  add_judge_options(h, c);
+  add_compiler_options(h, c);
   h->callback([c] {
     apply_limits(*c);
     run_problems(*c, eval::load_problems(c->problems), c->problems);
@@ -188,13 +267,38 @@ void add_eval_humaneval_command(CLI::App* eval) {
   cp->add_option("--include,-I", p->run.compile.include_dirs,
                  "include directory of the held-out project (repeatable; each file's own directory is always searched "
                  "for #include \"...\")");
-  add_shared_options(cp, p);
+  add_source_options(cp, p);
+  add_judge_options(cp, p);
+  add_compiler_options(cp, p);
   cp->callback([p] { run_compile_pass_cli(*p); });
+
+  auto x = std::make_shared<HumanEvalCli>();
+  x->out = "out/eval/context";
+  x->run.compile.standard = "c++20";
+  auto* cx = eval->add_subcommand(
+      "context",
+      "Context adherence and hallucination on held-out code: give the model a function's callees and callers and its "
+      "signature, let it write the body, report the share that calls a provided callee and the rate of identifiers "
+      "found neither in the prompt, the file, its includes nor the standard library (docs/evaluation.md)");
+  cx->add_option("--files", x->files, "directory of held-out C++ sources and headers, searched recursively")
+      ->required();
+  cx->add_option("--cases-per-file", x->cuts.max_per_file, "target functions per file")->capture_default_str();
+  cx->add_option("--min-body-lines", x->cuts.min_body_lines, "shorter bodies are not asked for")->capture_default_str();
+  cx->add_option("--max-body-bytes", x->cuts.max_body_bytes, "nor longer ones")->capture_default_str();
+  cx->add_option("--max-context-bytes", x->max_context_bytes,
+                 "callee and caller definitions shown per case (whole ones; callees first)")
+      ->capture_default_str();
+  cx->add_option("--include,-I", x->run.compile.include_dirs,
+                 "include directory of the held-out project, for the identifiers its headers declare (repeatable; "
+                 "each file's own directory is always searched for #include \"...\")");
+  add_source_options(cx, x);
+  add_compiler_options(cx, x);
+  cx->callback([x] { run_context_cli(*x); });
 }
 
 namespace {
 
-void add_shared_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
+void add_source_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
   h->add_option("--model,--checkpoint", c->model.checkpoint,
                 "training checkpoint, run directory (its latest) or weights file to generate with; or the URL of a "
                 "running `slm serve` (http://HOST:PORT) to ask over its HTTP API");
@@ -212,7 +316,6 @@ void add_shared_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
   h->add_option("--completions", c->completions,
                 "score ready completions instead of generating: JSONL of {\"task_id\", \"completion\"}");
   h->add_option("--n", c->run.n, "samples per problem (greedy pass@1: 1; pass@10: 20 or more)")->capture_default_str();
-  h->add_option("--k", c->run.ks, "pass@k to report (those <= n)")->delimiter(',')->capture_default_str();
   h->add_option("--temperature", c->temperature, "sampling temperature (default: 0 = greedy for --n 1, else 0.8)");
   h->add_option("--top-p", c->model.sampling.top_p, "nucleus sampling mass")->capture_default_str();
   h->add_option("--top-k", c->model.sampling.top_k, "sample from the k most likely tokens (0 = all; not with a URL)")
@@ -228,6 +331,15 @@ void add_shared_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
                 "next ones)")
       ->capture_default_str();
   h->add_option("--threads", c->threads, "CPU threads for generation (0: torch's default)")->capture_default_str();
+  h->add_option("--tasks", c->tasks, "only these problems (names, comma-separated)")->delimiter(',');
+  h->add_option("--limit", c->limit, "only the first N problems (0: all)")->capture_default_str();
+  h->add_option("--out", c->out, "directory for results.jsonl, completions.jsonl and summary.json (\"\": write none)")
+      ->capture_default_str();
+  h->add_flag("--json", c->json, "print the summary as JSON");
+}
+
+void add_judge_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
+  h->add_option("--k", c->run.ks, "pass@k to report (those <= n)")->delimiter(',')->capture_default_str();
   h->add_option("--jobs", c->run.jobs, "programs compiled and run in parallel (0: one per core)")
       ->capture_default_str();
   h->add_option("--timeout", c->run.run.wall_s, "wall-clock seconds per test program (CPU time: the same)")
@@ -239,16 +351,9 @@ void add_shared_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
   h->add_option("--sandbox", c->sandbox,
                 "auto (namespaces when permitted, else none with a warning), namespaces, or none")
       ->capture_default_str();
-  h->add_option("--compiler", c->run.compile.compiler, "C++ compiler")->capture_default_str();
-  h->add_option("--std", c->run.compile.standard, "language standard")->capture_default_str();
   h->add_flag(
       "--no-pch", [c](int64_t) { c->run.compile.pch = false; },
       "compile each program from scratch, without the precompiled #include block");
-  h->add_option("--tasks", c->tasks, "only these problems (names, comma-separated)")->delimiter(',');
-  h->add_option("--limit", c->limit, "only the first N problems (0: all)")->capture_default_str();
-  h->add_option("--out", c->out, "directory for results.jsonl, completions.jsonl and summary.json (\"\": write none)")
-      ->capture_default_str();
-  h->add_flag("--json", c->json, "print the summary as JSON");
 }
 
 }  // namespace

@@ -412,7 +412,8 @@ nlohmann::json ContextReport::json() const {
           {"hallucination_rate", hallucination_rate()},
           {"identifiers", identifiers},
           {"unknown_identifiers", unknown},
-          {"completions_with_unknown", with_unknown}};
+          {"completions_with_unknown", with_unknown},
+          {"specialists", specialists}};
 }
 
 ContextReport run_context_adherence(const std::vector<ContextCase>& cases, CompletionSource& source, int n,
@@ -426,8 +427,11 @@ ContextReport run_context_adherence(const std::vector<ContextCase>& cases, Compl
     results.open(results_path);
     if (!results) throw Error(results_path + ": cannot write");
   }
+  std::vector<Problem> problems;
+  for (const auto& c : cases) problems.push_back(c.problem);
   std::map<std::string, std::set<std::string>> file_ids;  // the target's file (its body removed) and its includes
-  for (size_t i = 0; i < cases.size(); ++i) {
+  size_t done = 0;
+  source.complete(problems, n, [&](size_t i, std::vector<Completion> completions) {
     const auto& c = cases[i];
     if (!file_ids.count(c.file)) {
       std::string text = read_file(root + "/" + c.file);
@@ -437,23 +441,26 @@ ContextReport run_context_adherence(const std::vector<ContextCase>& cases, Compl
     const auto prompt_ids = identifier_set(c.problem.prompt);
     const auto& fids = file_ids[c.file];
     auto is_known = [&](const std::string& w) { return prompt_ids.count(w) || fids.count(w) || std_ids.count(w); };
-    for (const auto& raw : source.complete(c.problem, n)) {
-      const std::string completion = truncate_at_stop(raw, c.problem.stop_tokens);
+    for (const auto& raw : completions) {
+      const std::string completion = truncate_at_stop(raw.text, c.problem.stop_tokens);
       const auto s = score_adherence(completion, c.callees, is_known);
       ++r.completions;
       r.adhering += s.calls_callee;
       r.identifiers += s.identifiers.size();
       r.unknown += s.unknown.size();
       r.with_unknown += !s.unknown.empty();
-      if (results.is_open())
-        results << nlohmann::json{{"task_id", c.problem.name},      {"callees", c.callees},
-                                  {"calls_callee", s.calls_callee}, {"identifiers", s.identifiers.size()},
-                                  {"unknown", s.unknown},           {"completion", completion}}
-                       .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
-                << "\n";
+      if (!raw.specialist.empty()) ++r.specialists[raw.specialist];
+      if (results.is_open()) {
+        nlohmann::json line = {{"task_id", c.problem.name},      {"callees", c.callees},
+                               {"calls_callee", s.calls_callee}, {"identifiers", s.identifiers.size()},
+                               {"unknown", s.unknown},           {"completion", completion}};
+        if (!raw.specialist.empty()) line["specialist"] = raw.specialist;
+        results << line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+      }
     }
-    if (progress) progress(i + 1, cases.size());
-  }
+    if (progress) progress(++done, cases.size());
+    return true;
+  });
   return r;
 }
 

@@ -79,13 +79,15 @@ class KnownIdentifiers {
 struct ContextReport {
   size_t cases = 0, completions = 0, adhering = 0, with_unknown = 0;
   uint64_t identifiers = 0, unknown = 0;
+  std::map<std::string, size_t> specialists;  // a server's: which specialist answered how many completions
   double adherence() const { return completions ? static_cast<double>(adhering) / completions : 0; }
   double hallucination_rate() const { return identifiers ? static_cast<double>(unknown) / identifiers : 0; }
   nlohmann::json json() const;
 };
 
-// Asks source for n completions of each case, cuts them at the stop sequences and scores them; results_path (when
-// not empty) gets one JSON line per completion. progress sees each finished case.
+// Asks source for n completions of every case (all at once, so a batching source generates them together), cuts them
+// at the stop sequences and scores them; results_path (when not empty) gets one JSON line per completion. progress
+// sees each finished case.
 ContextReport run_context_adherence(const std::vector<ContextCase>& cases, CompletionSource& source, int n,
                                     KnownIdentifiers& known, const std::string& root,
                                     const std::string& results_path = "",
