@@ -3,7 +3,7 @@
 whole answers, standard library only. Reports errors, requests/s, tokens/s, latency and time-to-first-token
 percentiles (first token: the first content event of a stream).
 
-  python3 bench/serve_load.py --url http://127.0.0.1:8000 --clients 16 --requests 50 --max-tokens 16
+  python3 bench/serve_load.py --url http://127.0.0.1:8000 --clients 16 --requests 50 --max-tokens 16 [--mixed]
 """
 import argparse
 import http.client
@@ -13,11 +13,24 @@ import time
 import urllib.parse
 
 
-def one(url, model, max_tokens, stream, i):
+# --mixed: requests of every domain, so that `auto` spreads them over the specialists.
+MIXED = [
+    "Write a C++ function that returns the sum of a std::vector<int>.",
+    "How do I link a library to a target in CMakeLists.txt?",
+    "Write a bash script that counts the lines of every .cpp file in a directory.",
+    "AddressSanitizer: heap-use-after-free on address 0x602000000010. What went wrong?",
+    "Review this change: -  for (int i = 0; i <= n; ++i)\n+  for (int i = 0; i < n; ++i)",
+    "Describe the design of a thread pool with a work-stealing queue.",
+    "Implement Dijkstra's shortest path algorithm with a binary heap.",
+    "Plan the steps to add a new specialist to the ensemble.",
+]
+
+
+def one(url, model, max_tokens, stream, i, content=None):
     u = urllib.parse.urlparse(url)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     body = json.dumps({"model": model, "max_tokens": max_tokens, "temperature": 0.7, "seed": i, "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {}),
-                       "messages": [{"role": "user", "content": f"Request {i}: write a C++ function."}]})
+                       "messages": [{"role": "user", "content": content or f"Request {i}: write a C++ function."}]})
     t0 = time.perf_counter()
     conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json"})
     r = conn.getresponse()
@@ -60,6 +73,7 @@ def main():
     a.add_argument("--clients", type=int, default=16)
     a.add_argument("--requests", type=int, default=50)
     a.add_argument("--max-tokens", type=int, default=16)
+    a.add_argument("--mixed", action="store_true", help="requests of all eight domains in turn (see MIXED)")
     o = a.parse_args()
     results, lock = [], threading.Lock()
 
@@ -67,7 +81,7 @@ def main():
         for k in range(o.requests):
             i = c * o.requests + k
             try:
-                r = one(o.url, o.model, o.max_tokens, i % 2 == 0, i)
+                r = one(o.url, o.model, o.max_tokens, i % 2 == 0, i, MIXED[i % len(MIXED)] if o.mixed else None)
             except Exception as e:  # a refused or broken connection counts as an error
                 r = (str(e), 0, None, 0)
             with lock:
