@@ -45,7 +45,6 @@ struct HumanEvalCli {
   std::string files;
   size_t max_files = 0;
   eval::BodyCutOptions cuts;
-  size_t max_context_bytes = eval::ContextCaseOptions{}.max_context_bytes;  // context only
 };
 
 eval::Isolation choose_isolation(const std::string& mode) {
@@ -174,7 +173,7 @@ void run_context_cli(HumanEvalCli& c) {
   absolute_include_dirs(c);
   eval::ContextCaseOptions co;
   co.cut = c.cuts;
-  co.max_context_bytes = c.max_context_bytes;
+  co.max_prompt_bytes = c.model.sampling.max_prompt_bytes;  // so the whole prompt is within it
   auto cases = select_tasks(c, eval::make_context_cases(c.files, co), c.files,
                             [](const eval::ContextCase& k) -> const eval::Problem& { return k.problem; });
   if (cases.empty())
@@ -254,6 +253,7 @@ void add_eval_humaneval_command(CLI::App* eval) {
   p->out = "out/eval/compile-pass";
   p->run.compile.pch = false;  // the files' include blocks differ
   p->run.compile.standard = "c++20";
+  p->model.sampling.max_prompt_bytes = 2000;  // a file's prefix can be longer than the models' context
   auto* cp = eval->add_subcommand(
       "compile-pass",
       "Compile-pass on held-out code: cut C++ files at function bodies, complete each body, report the share with "
@@ -275,6 +275,8 @@ void add_eval_humaneval_command(CLI::App* eval) {
   auto x = std::make_shared<HumanEvalCli>();
   x->out = "out/eval/context";
   x->run.compile.standard = "c++20";
+  // Cases are built to fit: the #include lines, whole callee and caller definitions (callees first), the head.
+  x->model.sampling.max_prompt_bytes = eval::ContextCaseOptions{}.max_prompt_bytes;
   auto* cx = eval->add_subcommand(
       "context",
       "Context adherence and hallucination on held-out code: give the model a function's callees and callers and its "
@@ -285,9 +287,6 @@ void add_eval_humaneval_command(CLI::App* eval) {
   cx->add_option("--cases-per-file", x->cuts.max_per_file, "target functions per file")->capture_default_str();
   cx->add_option("--min-body-lines", x->cuts.min_body_lines, "shorter bodies are not asked for")->capture_default_str();
   cx->add_option("--max-body-bytes", x->cuts.max_body_bytes, "nor longer ones")->capture_default_str();
-  cx->add_option("--max-context-bytes", x->max_context_bytes,
-                 "callee and caller definitions shown per case (whole ones; callees first)")
-      ->capture_default_str();
   cx->add_option("--include,-I", x->run.compile.include_dirs,
                  "include directory of the held-out project, for the identifiers its headers declare (repeatable; "
                  "each file's own directory is always searched for #include \"...\")");
@@ -321,6 +320,10 @@ void add_source_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
   h->add_option("--top-k", c->model.sampling.top_k, "sample from the k most likely tokens (0 = all; not with a URL)")
       ->capture_default_str();
   h->add_option("--seed", c->model.sampling.seed, "sampling seed (and of RANDOM weights)")->capture_default_str();
+  h->add_option("--max-prompt-bytes", c->model.sampling.max_prompt_bytes,
+                "the model sees each prompt's last lines within this many bytes (0: all; the program judged keeps "
+                "all of it)")
+      ->capture_default_str();
   h->add_option("--max-tokens", c->model.sampling.max_tokens,
                 "tokens per completion (generation also stops at the stop "
                 "sequences and at EOS)")

@@ -9,7 +9,7 @@
 #   bash scripts/shipped/4-evaluate.sh stage      # every call: copies the carried .devrun/m*/ to $S/models
 #   bash scripts/shipped/4-evaluate.sh humaneval  # then the runs, given as further arguments: load humaneval code
 # Carried: .devrun/devbin.tar.xz (scripts/device-bundle.sh), .devrun/heldout.tar.xz (capnproto's src/ from the held-out
-# test split), .devrun/m1 .. m3 (parts of models/: each model's directory, ensemble.json, router.bin).
+# test split), .devrun/humaneval-cpp.jsonl (../shared/eval/multipl-e), .devrun/m1 .. m3 (parts of models/: each model's directory, ensemble.json, router.bin).
 set -uo pipefail
 S=/tmp/ship-eval
 mkdir -p $S/models
@@ -24,7 +24,7 @@ echo "staged: $(ls $S/models | tr '\n' ' ')"
 source $S/.devbin/env.sh
 SLM=$S/.devbin/slm
 mkdir -p models && cp -r $S/models/. models/  # the working tree's models/ was left out of the call
-$SLM ensemble verify --strict || exit 3
+$SLM ensemble verify models/ensemble.json --strict || exit 3
 nproc
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv,noheader
 export CUDA_VISIBLE_DEVICES=0
@@ -45,20 +45,39 @@ for run in "$@"; do
       done
       curl -s $URL/metrics | grep -E "^slm_(requests|generated|specialist)" >> $OUT/load.txt ;;
     humaneval)
+      pids=()
       for m in cpp generalist auto; do
-        $SLM eval humaneval --model $URL --server-model $m --n $N --k 1,10 --temperature 0.8 --top-p 0.95 --seed 1 \
-          --parallel 64 --jobs $JOBS --out $S/he-$m > $S/he-$m.txt 2> $S/he-$m.err &
+        $SLM eval humaneval --problems .devrun/humaneval-cpp.jsonl --model $URL --server-model $m --n $N --k 1,10 \
+          --temperature 0.8 --top-p 0.95 --seed 1 --max-tokens ${MAXTOK:-256} --parallel 64 --jobs $JOBS \
+          --out $S/he-$m > $S/he-$m.txt 2> $S/he-$m.err &
+        pids+=($!)
       done
-      wait
+      wait "${pids[@]}"
       for m in cpp generalist auto; do echo "== $m"; cat $S/he-$m.txt; tail -2 $S/he-$m.err; done ;;
+    humaneval-rest)  # the problems a humaneval run cut short by the call's time limit did not reach (same seeds)
+      pids=()
+      for m in cpp generalist auto; do
+        rest=$(python3 -c "
+import json, sys
+done = {json.loads(l)['task_id'] for l in open('$S/he-$m/results.jsonl')}
+print(','.join(json.loads(l)['name'] for l in open('.devrun/humaneval-cpp.jsonl') if json.loads(l)['name'] not in done))")
+        [[ -z $rest ]] && continue
+        $SLM eval humaneval --problems .devrun/humaneval-cpp.jsonl --tasks $rest --model $URL --server-model $m \
+          --n $N --k 1,10 --temperature 0.8 --top-p 0.95 --seed 1 --max-tokens ${MAXTOK:-256} --parallel 64 \
+          --jobs $JOBS --out $S/he-$m-rest > $S/he-$m-rest.txt 2> $S/he-$m-rest.err &
+        pids+=($!)
+      done
+      wait "${pids[@]}" ;;
     code)
+      pids=()
       for m in cpp generalist auto; do
         ( $SLM eval compile-pass --files $HELD/kj -I $HELD --model $URL --server-model $m --parallel 32 --jobs $JOBS \
             --out $S/cp-$m > $S/cp-$m.txt 2> $S/cp-$m.err
           $SLM eval context --files $HELD/kj -I $HELD --model $URL --server-model $m --parallel 32 \
             --out $S/ctx-$m > $S/ctx-$m.txt 2> $S/ctx-$m.err ) &
+        pids+=($!)
       done
-      wait
+      wait "${pids[@]}"
       for m in cpp generalist auto; do echo "== $m"; cat $S/cp-$m.txt $S/ctx-$m.txt; tail -2 $S/cp-$m.err $S/ctx-$m.err; done ;;
   esac
 done

@@ -67,7 +67,11 @@ TEST(EngineDecode, CancelStopsRunningAndQueuedRequests) {
   std::atomic<bool> cancelled{false};
   Engine* e = eng.get();
   rid = eng->submit({kPrompt, {0.0, 1.0, 0, 0}, 4000, {}}, running.callbacks([&](int64_t) {
-    if (!cancelled.exchange(true)) e->cancel(rid);  // from inside the first token's callback
+    // From inside the first token's callback, which can come before submit() has returned the id to this thread.
+    if (cancelled.exchange(true)) return;
+    RequestId id;
+    while ((id = rid.load()) == 0) std::this_thread::yield();
+    e->cancel(id);
   }));
   const RequestId q = eng->submit({kPrompt, {0.0, 1.0, 0, 0}, 50, {}}, queued.callbacks());
   eng->cancel(q);

@@ -70,9 +70,18 @@ TEST(ContextAdherence, CasesShowCalleesThenCallersThenTheTargetsHead) {
   EXPECT_EQ(p.find("int y = add"), std::string::npos) << "the body leaked into the prompt\n" << p;
   // Too little room for any callee: no case.
   eval::ContextCaseOptions tight;
-  tight.max_context_bytes = 10;
+  tight.max_prompt_bytes = 60;  // the #include lines and either head take more
   EXPECT_TRUE(eval::make_context_cases(root, tight).empty());
   EXPECT_THROW(eval::make_context_cases(root + "/missing"), Error);
+}
+
+TEST(PromptTail, KeepsWholeLinesWithinTheBudget) {
+  const std::string p = "line one\nline two\nthree\n";  // 9 + 9 + 6 bytes
+  EXPECT_EQ(eval::prompt_tail(p, 0), p);
+  EXPECT_EQ(eval::prompt_tail(p, 24), p);
+  EXPECT_EQ(eval::prompt_tail(p, 15), "line two\nthree\n");  // starts exactly at a line
+  EXPECT_EQ(eval::prompt_tail(p, 14), "three\n");            // mid-line: from the next line
+  EXPECT_EQ(eval::prompt_tail(p, 3), "ee\n");                // no line start inside: the last bytes
 }
 
 TEST(ContextAdherence, PlantedCompletionsCountedByHand) {

@@ -14,6 +14,16 @@
 
 namespace slm::eval {
 
+std::string prompt_tail(const std::string& prompt, size_t max_bytes) {
+  if (max_bytes == 0 || prompt.size() <= max_bytes) return prompt;
+  const size_t from = prompt.size() - max_bytes;
+  if (prompt[from - 1] == '\n') return prompt.substr(from);
+  const size_t newline = prompt.find('\n', from);
+  // A prompt whose last max_bytes hold no line start: its last max_bytes.
+  return newline == std::string::npos || newline + 1 == prompt.size() ? prompt.substr(from)
+                                                                      : prompt.substr(newline + 1);
+}
+
 uint64_t sample_seed(uint64_t seed, const Problem& problem, int j) {
   return data::hash64(problem.name + "#" + std::to_string(j), seed);
 }

@@ -24,11 +24,16 @@ struct SamplingSpec {
   int64_t max_tokens = 256;
   double temperature = 0;  // 0: greedy
   double top_p = 1.0;
-  int64_t top_k = 0;  // 0: no limit
-  uint64_t seed = 0;  // sample j of a problem uses sample_seed(seed, problem, j): any subset reproduces
+  int64_t top_k = 0;            // 0: no limit
+  uint64_t seed = 0;            // sample j of a problem uses sample_seed(seed, problem, j): any subset reproduces
+  size_t max_prompt_bytes = 0;  // the model sees the prompt's last lines within this many bytes (0: all of it)
 };
 
 uint64_t sample_seed(uint64_t seed, const Problem& problem, int j);
+// What the model is shown of a prompt: all of it within max_bytes (0: no limit), else its end from the first line
+// that starts within the last max_bytes (a model trained on 1,024-token windows gains nothing from a longer file
+// prefix, and a server refuses a prompt longer than its context). The program judged keeps the whole prompt.
+std::string prompt_tail(const std::string& prompt, size_t max_bytes);
 // "greedy, up to 256 tokens", "temperature 0.8, top-p 0.95, up to 256 tokens", ... for describe().
 std::string describe_sampling(const SamplingSpec& sampling);
 

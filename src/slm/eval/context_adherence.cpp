@@ -294,16 +294,21 @@ std::vector<ContextCase> make_context_cases(const std::string& root_dir, const C
     if (callees.empty()) continue;
     if (!include_block.count(f.file)) include_block[f.file] = include_lines(read_file(root_dir + "/" + f.file));
     ContextCase cc;
+    const std::string& includes = include_block[f.file];
+    const std::string head = "// " + f.file + ":" + std::to_string(f.line) + "\n" + f.text.substr(0, split->head_end);
+    const size_t fixed = (includes.empty() ? 0 : includes.size() + 1) + head.size();
+    if (fixed >= options.max_prompt_bytes) continue;
+    const size_t budget = options.max_prompt_bytes - fixed;
     std::string context;
     std::set<std::string> names;
     for (uint32_t c : callees)
-      if (context.size() + piece(g.functions[c]).size() <= options.max_context_bytes) {
+      if (context.size() + piece(g.functions[c]).size() <= budget) {
         context += piece(g.functions[c]);
         names.insert(g.functions[c].name);
       }
     if (names.empty()) continue;
     for (uint32_t c : g.callers[t])
-      if (c != t && context.size() + piece(g.functions[c]).size() <= options.max_context_bytes) {
+      if (c != t && context.size() + piece(g.functions[c]).size() <= budget) {
         context += piece(g.functions[c]);
         ++cc.callers;
       }
@@ -311,9 +316,7 @@ std::vector<ContextCase> make_context_cases(const std::string& root_dir, const C
     cc.callees.assign(names.begin(), names.end());
     cc.body = split->body;
     cc.problem.name = f.file + ":" + std::to_string(f.line) + ":" + f.qualified();
-    const std::string& includes = include_block[f.file];
-    cc.problem.prompt = (includes.empty() ? "" : includes + "\n") + context + "// " + f.file + ":" +
-                        std::to_string(f.line) + "\n" + f.text.substr(0, split->head_end);
+    cc.problem.prompt = (includes.empty() ? "" : includes + "\n") + context + head;
     cc.problem.stop_tokens = {split->stop};
     cc.problem.tests = f.text.substr(split->close_line);
     by_file[f.file].push_back(std::move(cc));

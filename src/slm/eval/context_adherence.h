@@ -21,9 +21,11 @@
 namespace slm::eval {
 
 struct ContextCaseOptions {
-  BodyCutOptions cut;               // which bodies are cut (as compile-pass); max_per_file applies per file
-  size_t max_context_bytes = 6000;  // callee and caller definitions in the prompt, whole ones only
-  size_t max_cases = 0;             // 0: every case
+  BodyCutOptions cut;  // which bodies are cut (as compile-pass); max_per_file applies per file
+  // The whole prompt: the file's #include lines, the target's head and as many whole callee and caller definitions as
+  // fit (a model trained on 1,024-token windows, and a server, take no longer prompt).
+  size_t max_prompt_bytes = 2000;
+  size_t max_cases = 0;  // 0: every case
 };
 
 struct ContextCase {
@@ -35,7 +37,7 @@ struct ContextCase {
 };
 
 // The cases of a source tree: each function that calls some other function of the tree and has a body split_body
-// accepts, with as many of its callees (first) and callers as fit max_context_bytes; a target none of whose callees
+// accepts, with as many of its callees (first) and callers as fit max_prompt_bytes; a target none of whose callees
 // fit is skipped. Deterministic. Throws slm::Error when root is missing or holds no C++ file.
 std::vector<ContextCase> make_context_cases(const std::string& root, const ContextCaseOptions& options = {});
 

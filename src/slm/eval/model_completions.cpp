@@ -94,7 +94,9 @@ void ModelCompletions::complete(const std::vector<Problem>& problems, int n, con
   std::vector<std::vector<int64_t>> prompts;
   int64_t longest = 0;
   for (const auto& p : problems) {
-    prompts.push_back(engine::text_ids(tokenizer(), model_->recipe().vocab_size, p.prompt).prompt);
+    prompts.push_back(engine::text_ids(tokenizer(), model_->recipe().vocab_size,
+                                       prompt_tail(p.prompt, spec_.sampling.max_prompt_bytes))
+                          .prompt);
     longest = std::max(longest, static_cast<int64_t>(prompts.back().size()));
   }
   engine::Engine& eng = engine_for(longest + spec_.sampling.max_tokens);

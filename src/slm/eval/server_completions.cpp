@@ -87,7 +87,7 @@ Completion ServerCompletions::request(const Problem& problem, int j) const {
   for (const auto& t : problem.stop_tokens)
     if (!t.empty() && stop.size() < kMaxRequestStops) stop.push_back(t);
   const nlohmann::json body = {{"model", spec_.model},
-                               {"prompt", problem.prompt},
+                               {"prompt", prompt_tail(problem.prompt, s.max_prompt_bytes)},
                                {"max_tokens", s.max_tokens},
                                {"temperature", s.temperature},
                                {"top_p", s.top_p},
