@@ -202,7 +202,7 @@ TEST(Speculative, SampledTokensFollowTheSamplersDistribution) {
     total.accepted += stats.accepted;
   }
   // Both branches ran often: kept drafts and residual draws.
-  EXPECT_GT(total.accepted, total.drafted / 10);
+  EXPECT_GT(total.accepted, total.drafted / 20);
   EXPECT_LT(total.accepted, total.drafted * 9 / 10);
   for (const auto& [name, counts, p] : {std::tuple{"second", second, p2}, std::tuple{"third", third, p3}}) {
     const auto [stat, df] = chi_square(counts, p, runs);

@@ -30,8 +30,8 @@ inline nlohmann::json micro_ae_json() {
 }
 
 // Every cache kind a speculative decoder rolls back, at toy width: attention with a binding window, Mamba-3, M2RNN,
-// MoE, a dense MLP, Engram on layer 1, and two MTP modules whose layers are attention and Mamba-3 (so the MTP caches
-// hold both kinds).
+// MoE, a dense MLP, Engram on layer 4 (attention), and two MTP modules whose layers are attention and Mamba-3 (so
+// the MTP caches hold both kinds).
 inline nlohmann::json spec_hybrid_json() {
   return nlohmann::json::parse(R"({
     "name": "spec-hybrid", "vocab_size": 29, "d_model": 16, "depth": 6, "pattern": "AMERAF", "seq_len": 64,
@@ -40,7 +40,7 @@ inline nlohmann::json spec_hybrid_json() {
     "m2rnn": {"heads": 2, "k_head_dim": 8, "v_head_dim": 4},
     "moe": {"routed_experts": 4, "experts_per_token": 2, "shared_experts": 1, "expert_hidden": 8},
     "mlp": {"hidden": 24},
-    "engram": {"enabled": true, "layers": [1], "orders": "2,3", "heads_per_order": 2, "table_rows": 31,
+    "engram": {"enabled": true, "layers": [4], "orders": "2,3", "heads_per_order": 2, "table_rows": 31,
                "embed_dim": 4, "conv_kernel": 4},
     "mtp": {"depth": 2, "pattern": "AM"}
   })");
