@@ -42,12 +42,14 @@ struct GenerateOptions {
   bool stop_at_eos = false;
   std::string device = "cpu";
   bool no_cuda_graph = false;
+  int64_t speculative = 0;
 };
 
 engine::GenerationOptions generation_options(const GenerateOptions& o) {
   engine::GenerationOptions go;
   go.max_tokens = o.max_tokens;
   go.cuda_graph = !o.no_cuda_graph;
+  go.speculative = o.speculative;
   go.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
   return go;
 }
@@ -68,6 +70,10 @@ void report(const std::vector<int64_t>& ids, const engine::GenerationStats& stat
     std::cerr << "; decode " << stats.decode_steps << " tokens in " << std::setprecision(3) << stats.decode_s
               << " s = " << std::setprecision(1) << static_cast<double>(stats.decode_steps) / stats.decode_s
               << " tokens/s" << (stats.graph ? " (CUDA graph)" : "");
+  if (stats.drafted > 0)
+    std::cerr << "; speculative: " << stats.accepted << " of " << stats.drafted << " drafts accepted ("
+              << std::setprecision(1)
+              << 100.0 * static_cast<double>(stats.accepted) / static_cast<double>(stats.drafted) << "%)";
   std::cerr << "\n";
 }
 
@@ -218,6 +224,10 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--top-p", o->top_p, "sample from the smallest set with this much mass")->capture_default_str();
   g->add_option("--device", o->device, "where the model runs: cpu or cuda")->capture_default_str();
   g->add_flag("--no-cuda-graph", o->no_cuda_graph, "run every CUDA decode step eagerly instead of replaying a graph");
+  g->add_option("--speculative", o->speculative,
+                "speculative decoding: the MTP modules draft this many tokens per step (1..the recipe's MTP depth; "
+                "0 = off), one forward verifies them; greedy output is unchanged")
+      ->capture_default_str();
   g->add_flag("--stop-at-eos", o->stop_at_eos,
               "byte-level: stop when <eos> is sampled (the code tokenizer always does)");
   g->callback([o] { run_generate(*o); });

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <memory>
 #include <string>
 
 #include "slm/model/hybrid_lm.h"
@@ -28,6 +29,23 @@ inline nlohmann::json micro_ae_json() {
   })");
 }
 
+// Every cache kind a speculative decoder rolls back, at toy width: attention with a binding window, Mamba-3, M2RNN,
+// MoE, a dense MLP, Engram on layer 4 (attention), and two MTP modules whose layers are attention and Mamba-3 (so
+// the MTP caches hold both kinds).
+inline nlohmann::json spec_hybrid_json() {
+  return nlohmann::json::parse(R"({
+    "name": "spec-hybrid", "vocab_size": 29, "d_model": 16, "depth": 6, "pattern": "AMERAF", "seq_len": 64,
+    "attention": {"heads": 2, "kv_heads": 1, "head_dim": 8, "window_pattern": "SL", "short_window": 6},
+    "mamba3": {"d_state": 8, "expand": 2, "headdim": 8, "ngroups": 1, "is_mimo": false, "chunk_size": 4},
+    "m2rnn": {"heads": 2, "k_head_dim": 8, "v_head_dim": 4},
+    "moe": {"routed_experts": 4, "experts_per_token": 2, "shared_experts": 1, "expert_hidden": 8},
+    "mlp": {"hidden": 24},
+    "engram": {"enabled": true, "layers": [4], "orders": "2,3", "heads_per_order": 2, "table_rows": 31,
+               "embed_dim": 4, "conv_kernel": 4},
+    "mtp": {"depth": 2, "pattern": "AM"}
+  })");
+}
+
 // Fresh models start with zero output projections and a near-zero head, which would make comparisons
 // trivial; tests overwrite every parameter with noise of unit-ish scale.
 inline void randomize(model::HybridLM& m, uint64_t seed) {
@@ -39,6 +57,15 @@ inline void randomize(model::HybridLM& m, uint64_t seed) {
     else if (p.key().find("lambdas") != std::string::npos) t.uniform_(0.5, 1.0);
     else t.normal_(1.0, 0.1);
   }
+}
+
+// A randomized model of recipe j in eval mode, with parameters of dtype.
+inline std::unique_ptr<model::HybridLM> random_model(const nlohmann::json& j, uint64_t seed,
+                                                     torch::ScalarType dtype = torch::kFloat) {
+  auto m = std::make_unique<model::HybridLM>(parse(j), torch::TensorOptions().dtype(dtype));
+  randomize(*m, seed);
+  m->eval();
+  return m;
 }
 
 inline double max_abs_diff(const torch::Tensor& a, const torch::Tensor& b) {

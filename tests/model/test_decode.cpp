@@ -138,6 +138,86 @@ TEST(Decode, MtpDraftsMatchTheTrainingPathAndLeaveTheStateAlone) {
   EXPECT_LE(max_abs_diff(logits, m.forward(tokens).logits.select(1, n)), 1e-4);
 }
 
+namespace {
+
+// The drafts of the training path over the whole sequence: module 1 at the last position of tokens [1, T]
+// predicts d1, module 2 there (with d1 appended) d2, and so on. What draft() computed before it had a cache.
+std::vector<int64_t> full_history_drafts(model::HybridLM& m, torch::Tensor tokens) {
+  std::vector<int64_t> out;
+  const int64_t t = tokens.size(1);  // the last token is the draft's next_token, position t-2 predicts t_t
+  for (size_t k = 0; k < m.mtp_modules().size(); ++k) {
+    auto logits = m.mtp_logits(tokens, m.forward(tokens).hidden)[k];
+    out.push_back(logits[0][t - 2].argmax().item<int64_t>());
+    tokens = torch::cat({tokens, torch::tensor({{out.back()}}, torch::kLong)}, 1);
+  }
+  return out;
+}
+
+std::vector<int64_t> ids(const torch::Tensor& row) {
+  auto c = row.reshape({-1}).cpu();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+}  // namespace
+
+// The MTP cache: drafts after decode steps, multi-token verifies and rollbacks (what a speculative decoder does)
+// equal the drafts recomputed over the whole history; so does a state whose MTP cache copy_row dropped.
+TEST(Decode, IncrementalDraftsEqualFullHistoryDrafts) {
+  single_threaded();
+  auto m = random_model(spec_hybrid_json(), 31, torch::kDouble);
+  torch::NoGradGuard no_grad;
+  auto seq = random_tokens(1, 60, 29, 32);
+  auto state = m->new_state(1, 64, /*max_rollback=*/2);
+  int64_t at = 9;
+  m->prefill(seq.narrow(1, 0, at), state);
+  // Each round: draft after t_at, then advance by a decode (1 token) or a verify of 2-3 tokens rolled back by 0-2.
+  for (int round = 0; at + 4 < seq.size(1); ++round) {
+    auto drafts = m->draft(state, seq.select(1, at));
+    EXPECT_EQ(ids(drafts), full_history_drafts(*m, seq.narrow(1, 0, at + 1))) << "round " << round;
+    if (round % 3 == 0) {
+      m->decode(seq.select(1, at), state);
+      at += 1;
+    } else {
+      const int64_t verify = 2 + round % 2, keep = 1 + round % verify;
+      m->prefill(seq.narrow(1, at, verify), state);
+      state.rollback(verify - keep);
+      at += keep;
+    }
+    ASSERT_EQ(state.length, at);
+  }
+  auto copy = m->new_state(1, 64, 2);
+  m->prefill(seq.narrow(1, 0, 3), copy);
+  m->draft(copy, seq.select(1, 3));
+  ASSERT_EQ(copy.mtp.size(), 2u);
+  copy.copy_row(state, 0, 0, at);  // the rows' histories change under the MTP cache: it goes
+  EXPECT_TRUE(copy.mtp.empty());
+}
+
+// Rollback over rejected tokens leaves every cache kind (attention, Mamba-3, M2RNN, Engram, the MTP caches) as if
+// they had never been seen: the next logits and drafts equal those of a state that never saw them.
+TEST(Decode, RollbackEqualsAStateThatNeverSawTheRejectedTokens) {
+  single_threaded();
+  auto m = random_model(spec_hybrid_json(), 33, torch::kDouble);
+  torch::NoGradGuard no_grad;
+  auto prompt = random_tokens(1, 15, 29, 34);
+  auto good = random_tokens(1, 4, 29, 35), bad = random_tokens(1, 2, 29, 36);
+  auto spec = m->new_state(1, 40, 2), clean = m->new_state(1, 40, 2);
+  m->prefill(prompt, spec);
+  m->prefill(prompt, clean);
+  for (int64_t i = 0; i < 2; ++i) {
+    // A round keeps good[i] and rejects the two drafts after it.
+    m->draft(spec, good.select(1, i));
+    m->prefill(torch::cat({good.narrow(1, i, 1), bad}, 1), spec);
+    spec.rollback(2);
+    m->decode(good.select(1, i), clean);
+  }
+  EXPECT_EQ(spec.length, clean.length);
+  EXPECT_EQ(ids(m->draft(spec, good.select(1, 2))), ids(m->draft(clean, good.select(1, 2))));
+  auto a = m->prefill(good.narrow(1, 2, 2), spec), b = m->prefill(good.narrow(1, 2, 2), clean);
+  EXPECT_LE(max_abs_diff(a, b), 1e-9);
+  EXPECT_LE(max_abs_diff(a, m->forward(torch::cat({prompt, good}, 1)).logits.narrow(1, 17, 2)), 1e-9);
+}
+
 TEST(Decode, DraftNeedsMtpModules) {
   single_threaded();
   auto j = micro_ae_json();

@@ -1,5 +1,6 @@
 #include "slm/engine/generation.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -29,6 +30,29 @@ bool reached_stop(const std::string& text, size_t added, const std::vector<std::
 
 namespace {
 
+// Seconds between calls of lap() (the first: since construction).
+class Stopwatch {
+ public:
+  double lap() {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - start_).count();
+    start_ = now;
+    return s;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+void check_request(const std::vector<int64_t>& prompt, int64_t vocab, const GenerationOptions& o) {
+  if (prompt.empty()) throw Error("generate: the prompt must hold at least one token");
+  if (o.max_tokens < 1) throw Error("generate: max_tokens must be at least 1");
+  for (int64_t id : prompt)
+    if (id < 0 || id >= vocab)
+      throw Error("generate: prompt token " + std::to_string(id) + " is outside the vocabulary of " +
+                  std::to_string(vocab));
+}
+
 // One member of a generation: its model, state and (where allowed) the CUDA graph of its decode step.
 struct Runner {
   model::HybridLM* model;
@@ -55,8 +79,7 @@ std::vector<int64_t> generate_mixture(const std::vector<MixtureMember>& members,
                                       const GenerationOptions& o, const std::function<bool(int64_t)>& on_token,
                                       GenerationStats* stats) {
   if (members.empty()) throw Error("generate: no model");
-  if (prompt.empty()) throw Error("generate: the prompt must hold at least one token");
-  if (o.max_tokens < 1) throw Error("generate: max_tokens must be at least 1");
+  if (o.speculative != 0) throw Error("generate: speculative decoding runs one model, not a mixture");
   const auto vocab = members[0].model->recipe().vocab_size;
   for (const auto& m : members) {
     if (m.model->recipe().vocab_size != vocab)
@@ -66,24 +89,14 @@ std::vector<int64_t> generate_mixture(const std::vector<MixtureMember>& members,
     if (!(m.weight > 0) || !std::isfinite(m.weight))
       throw Error("generate: mixture weights must be positive, got " + std::to_string(m.weight));
   }
-  for (int64_t id : prompt)
-    if (id < 0 || id >= vocab)
-      throw Error("generate: prompt token " + std::to_string(id) + " is outside the vocabulary of " +
-                  std::to_string(vocab));
+  check_request(prompt, vocab, o);
   torch::NoGradGuard no_grad;
   const auto device = members[0].model->embed->weight.device();
   model::Sampler sampler(o.sampling);
   const auto n = static_cast<int64_t>(prompt.size());
   GenerationStats timing;
   timing.prompt_tokens = n;
-  auto start = std::chrono::steady_clock::now();
-  // Seconds since start, restarting the clock.
-  auto lap = [&start] {
-    const auto now = std::chrono::steady_clock::now();
-    const double s = std::chrono::duration<double>(now - start).count();
-    start = now;
-    return s;
-  };
+  Stopwatch clock;
   double total_weight = 0;
   for (const auto& m : members) total_weight += m.weight;
   std::vector<Runner> runners;
@@ -106,11 +119,11 @@ std::vector<int64_t> generate_mixture(const std::vector<MixtureMember>& members,
     if (banned.defined()) scores = scores.masked_fill(banned, -std::numeric_limits<float>::infinity());
     auto next = sampler.sample(scores);
     const int64_t id = next.item<int64_t>();  // waits for the device: the step's time is all in
-    (i == 0 ? timing.prefill_s : timing.decode_s) += lap();
+    (i == 0 ? timing.prefill_s : timing.decode_s) += clock.lap();
     out.push_back(id);
     if ((on_token && !on_token(id)) || id == o.stop_id) break;
     if (i + 1 < o.max_tokens) {
-      lap();  // the callback's time is not the model's
+      clock.lap();  // the callback's time is not the model's
       for (size_t r = 0; r < runners.size(); ++r)
         logits[r] = runners[r].step(next.to(runners[r].model->embed->weight.device()));
       ++timing.decode_steps;
@@ -120,8 +133,96 @@ std::vector<int64_t> generate_mixture(const std::vector<MixtureMember>& members,
   return out;
 }
 
+namespace {
+
+// generate() with GenerationOptions::speculative > 0. Each round: the next token t0 from the last logits (drawn
+// without a draft just turned down), drafts d1..dk from the MTP modules after t0, one prefill of [t0, d1..dk] whose
+// logits judge d1..dk in turn, the kept ones emitted, the state rolled back over the others (counters only), and
+// the logits after the last kept token carried into the next round.
+std::vector<int64_t> generate_speculative(model::HybridLM& model, const std::vector<int64_t>& prompt,
+                                          const GenerationOptions& o, const std::function<bool(int64_t)>& on_token,
+                                          GenerationStats* stats) {
+  const int64_t depth = model.plan().mtp_depth;
+  if (depth == 0)
+    throw Error(model.recipe().source +
+                ": speculative decoding drafts with the MTP modules, and the recipe has none (mtp.depth 0)");
+  if (o.speculative < 0 || o.speculative > depth)
+    throw Error("generate: " + std::to_string(o.speculative) + " speculative tokens: the recipe's " +
+                std::to_string(depth) + " MTP module(s) draft 1.." + std::to_string(depth));
+  check_request(prompt, model.recipe().vocab_size, o);
+  torch::NoGradGuard no_grad;
+  const auto device = model.embed->weight.device();
+  model::Sampler sampler(o.sampling);
+  const auto n = static_cast<int64_t>(prompt.size());
+  GenerationStats timing;
+  timing.prompt_tokens = n;
+  Stopwatch clock;
+  // A round pushes its drafts before they are judged, so the state rolls back over up to `speculative` tokens; it
+  // never pushes past the last token it may emit, so the capacity is that of plain generation.
+  auto state = model.new_state(1, n + o.max_tokens, o.speculative);
+  auto logits = model.prefill_last(torch::tensor(prompt, torch::kLong).unsqueeze(0).to(device), state);
+  const torch::Tensor banned = o.banned.defined() ? o.banned.to(device) : torch::Tensor();
+  auto mask = [&](const torch::Tensor& scores) {
+    return banned.defined() ? scores.masked_fill(banned, -std::numeric_limits<float>::infinity()) : scores;
+  };
+  std::vector<int64_t> out;
+  // Hands id out; false once generation is over (the callback said stop, the stop id, max_tokens), exactly where
+  // plain generation would end.
+  auto emit = [&](int64_t id) {
+    (out.empty() ? timing.prefill_s : timing.decode_s) += clock.lap();
+    out.push_back(id);
+    const bool more = (!on_token || on_token(id)) && id != o.stop_id && static_cast<int64_t>(out.size()) < o.max_tokens;
+    clock.lap();  // the callback's time is not the model's
+    return more;
+  };
+  int64_t rejected = -1;  // the draft the main model just turned down, or -1
+  for (;;) {
+    int64_t next;
+    if (sampler.greedy()) {
+      next = mask(logits).argmax(-1).item<int64_t>();
+    } else {
+      // After a rejection: the residual (p - q)+ of a point-mass draft q, i.e. p without the draft, renormalised.
+      auto p = sampler.probabilities(mask(logits));
+      if (rejected >= 0) p[0][rejected] = 0.0;
+      next = sampler.draw(p).item<int64_t>();
+    }
+    if (!emit(next)) break;
+    const int64_t k = std::min(o.speculative, o.max_tokens - static_cast<int64_t>(out.size()));
+    const auto t0 = torch::tensor({next}, torch::kLong).to(device);
+    const auto drafts = model.draft(state, t0).narrow(1, 0, k);
+    const auto verify = mask(model.prefill(torch::cat({t0.view({1, 1}), drafts}, 1), state).squeeze(0));  // [k+1, V]
+    const auto guesses = drafts.squeeze(0).cpu();
+    // Greedy: the main model's choices; sampling: its distributions, one row per judged position.
+    const auto judge = sampler.greedy() ? verify.argmax(-1).cpu() : sampler.probabilities(verify);
+    int64_t kept = 0;
+    bool more = true;
+    rejected = -1;
+    for (; kept < k && more; ++kept) {
+      const int64_t d = guesses[kept].item<int64_t>();
+      ++timing.drafted;
+      const bool keep =
+          sampler.greedy() ? judge[kept].item<int64_t>() == d : sampler.uniform() < judge[kept][d].item<double>();
+      if (!keep) {
+        rejected = d;
+        break;
+      }
+      ++timing.accepted;
+      more = emit(d);
+    }
+    if (!more) break;
+    state.rollback(k - kept);
+    logits = verify.narrow(0, kept, 1);
+  }
+  timing.decode_steps = static_cast<int64_t>(out.size()) - 1;
+  if (stats) *stats = timing;
+  return out;
+}
+
+}  // namespace
+
 std::vector<int64_t> generate(model::HybridLM& model, const std::vector<int64_t>& prompt, const GenerationOptions& o,
                               const std::function<bool(int64_t)>& on_token, GenerationStats* stats) {
+  if (o.speculative != 0) return generate_speculative(model, prompt, o, on_token, stats);
   return generate_mixture({{&model, 1.0}}, prompt, o, on_token, stats);
 }
 

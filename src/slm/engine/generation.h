@@ -27,6 +27,13 @@ struct GenerationOptions {
   // Decode steps replay a CUDA graph when graph_decode_blocker allows (CUDA models without MLA, DSA, Engram or
   // NVFP4 routed experts); false: always the eager step.
   bool cuda_graph = true;
+  // Speculative decoding of one model (generate() and the text paths): each step the MTP modules draft this many
+  // tokens after the next one, one forward judges them all, the longest agreeing prefix is kept and the state
+  // rolls back over the rest. 0: off; at most the recipe's MTP depth. Greedy output is the same as without;
+  // sampling keeps each draft d with probability p(d) and otherwise draws from p without d (the draft is a point
+  // mass, so this is speculative sampling: the tokens have exactly the sampler's distribution), though a seed gives
+  // other tokens than without. Runs eagerly (no CUDA graph).
+  int64_t speculative = 0;
 };
 
 // Where a generation's time went (wall clock, the callbacks excluded). The first token comes out of the prompt's
@@ -36,19 +43,23 @@ struct GenerationStats {
   double prefill_s = 0;      // prefill of the prompt and the first token's sampling
   int64_t decode_steps = 0;  // tokens after the first
   double decode_s = 0;
-  bool graph = false;  // the decode steps replayed a CUDA graph (its capture is in prefill_s)
+  bool graph = false;    // the decode steps replayed a CUDA graph (its capture is in prefill_s)
+  int64_t drafted = 0;   // speculative: drafts judged by the main model
+  int64_t accepted = 0;  // speculative: drafts kept (acceptance rate = accepted / drafted)
 };
 
 // prompt: at least one id. on_token (optional) sees each new id as it is produced; returning false stops.
-// Returns the generated ids (the prompt excluded). stats (optional) receives the timings.
+// Returns the generated ids (the prompt excluded). stats (optional) receives the timings. Throws slm::Error for
+// options.speculative beyond the recipe's MTP depth.
 std::vector<int64_t> generate(model::HybridLM& model, const std::vector<int64_t>& prompt,
                               const GenerationOptions& options, const std::function<bool(int64_t)>& on_token = {},
                               GenerationStats* stats = nullptr);
 
 // Several models of one vocabulary decoding in lockstep, the next token drawn from the mixture of their next-token
 // distributions, p = Σ w_i softmax(logits_i) with the weights normalised to sum 1 (the sampler's temperature, top-k
-// and top-p apply to log p). Each model keeps its own state (and CUDA graph). A single member is generate().
-// Throws slm::Error for no members, different vocabularies or a weight that is not positive.
+// and top-p apply to log p). Each model keeps its own state (and CUDA graph). A single member is generate() without
+// speculation. Throws slm::Error for no members, different vocabularies, a weight that is not positive or
+// options.speculative (one model's drafts).
 struct MixtureMember {
   model::HybridLM* model = nullptr;
   double weight = 1.0;

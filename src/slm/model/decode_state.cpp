@@ -2,6 +2,8 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+
 #include "slm/util/error.h"
 
 namespace slm::model {
@@ -89,6 +91,13 @@ void DecodeState::rollback(int64_t n) {
     if (c) c->rollback(n);
   if (positions.defined()) positions.sub_(n);
   length -= n;
+  for (size_t k = 1; k <= mtp.size(); ++k) {
+    auto& m = mtp[k - 1];
+    const int64_t settled = std::min(m.length, std::max<int64_t>(0, length - static_cast<int64_t>(k)));
+    for (auto& c : m.layers)
+      if (c) c->rollback(m.length - settled);
+    m.length = settled;
+  }
 }
 
 void DecodeState::push(const torch::Tensor& new_tokens, const torch::Tensor& new_hidden) {
@@ -147,6 +156,7 @@ void DecodeState::copy_row(const DecodeState& src, int64_t src_row, int64_t dst_
   if (hidden.defined() && src.hidden.defined())
     hidden.select(0, dst_row).narrow(0, 0, n).copy_(src.hidden.select(0, src_row).narrow(0, 0, n));
   if (positions.defined()) positions.narrow(0, dst_row, 1).fill_(n);
+  mtp.clear();
 }
 
 }  // namespace slm::model

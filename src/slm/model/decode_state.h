@@ -1,6 +1,7 @@
 #pragma once
-// Inference state: one cache per layer plus the token / hidden history MTP drafting reads. Every tensor is
-// preallocated to a capacity and filled up to a length counter, so rollback only moves counters.
+// Inference state: one cache per layer plus the token / hidden history MTP drafting reads, and the MTP modules' own
+// caches. Every tensor is preallocated to a capacity and filled up to a length counter, so rollback only moves
+// counters.
 #include <ATen/core/Tensor.h>
 
 #include <memory>
@@ -50,6 +51,16 @@ class TokenCache : public LayerCache {
   int64_t capacity_, max_rollback_, length_ = 0;
 };
 
+// The inference state of MTP module k (1-based; HybridLM::draft): its layers' caches and its outputs h^k, over the
+// positions whose inputs the decode state holds. Position i reads t_{i+k}, so with n tokens held positions
+// 0..n-k-1 are settled; a draft runs the ones past length and the k speculative ones after them (which read the
+// next token and earlier drafts), then rolls its caches back over the speculative ones.
+struct MtpCache {
+  std::vector<std::unique_ptr<LayerCache>> layers;  // the module's layers, null for stateless ones
+  torch::Tensor hidden;  // [B, capacity, D] h^k before the module's norm, by position: module k+1's input
+  int64_t length = 0;    // settled positions
+};
+
 struct DecodeState {
   std::vector<std::unique_ptr<LayerCache>> layers;  // main stack, null for stateless layers
   torch::Tensor tokens;                             // [B, capacity] tokens consumed
@@ -59,9 +70,13 @@ struct DecodeState {
   int64_t length = 0;                               // tokens consumed
   int64_t max_rollback = 0;                         // how far rollback may reach back (recurrent layers keep
                                                     // this many old states)
+  // One per MTP module, made by the first HybridLM::draft (empty until then, and again after copy_row into this
+  // state, which changes rows' histories under it; a draft rebuilds it from the history).
+  std::vector<MtpCache> mtp;
   int64_t batch() const { return tokens.size(0); }
   int64_t capacity() const { return tokens.size(1); }
-  // Forgets the last n tokens in every cache; throws slm::Error when n exceeds length or max_rollback.
+  // Forgets the last n tokens in every cache (the MTP caches keep the positions still settled); throws slm::Error
+  // when n exceeds length or max_rollback.
   void rollback(int64_t n);
   // Records tokens [B, T] and (when MTP is on) hidden [B, T, D] at length.., then advances length and positions.
   // One token is written at positions on the device, so a captured decode step stays right when replayed.
@@ -69,10 +84,11 @@ struct DecodeState {
   // Moves every counter by n (LayerCache::shift_length): for the driver of a CUDA graph of a decode step.
   void shift_length(int64_t n);
   // Rows [begin, begin + count) as a state of their own that shares this one's memory (LayerCache::view_rows),
-  // with the same counters.
+  // with the same counters and no MTP cache.
   DecodeState view_rows(int64_t begin, int64_t count);
   // Row src_row of src (a state of the same model, `tokens` <= src.capacity() tokens long) into row dst_row of this
-  // one: every cache (LayerCache::copy_row), the token and hidden history, and positions[dst_row] = tokens.
+  // one: every cache (LayerCache::copy_row), the token and hidden history, and positions[dst_row] = tokens. Drops
+  // this state's MTP cache.
   void copy_row(const DecodeState& src, int64_t src_row, int64_t dst_row, int64_t tokens);
 };
 

@@ -272,21 +272,46 @@ torch::Tensor HybridLM::decode(const torch::Tensor& token, DecodeState& state) {
   return run_cached(token.unsqueeze(1), state, true).squeeze(1);
 }
 
-torch::Tensor HybridLM::draft(const DecodeState& state, const torch::Tensor& next_token) {
+torch::Tensor HybridLM::draft(DecodeState& state, const torch::Tensor& next_token) {
   if (mtp_.empty()) throw Error(recipe_.source + ": draft: the recipe has no MTP modules (mtp.depth is 0)");
   if (state.length < 1) throw Error("draft: the state holds no tokens; prefill first");
+  if (next_token.dim() != 1 || next_token.size(0) != state.batch())
+    throw Error("draft: expected one next token per sequence, shape [" + std::to_string(state.batch()) + "]");
   torch::NoGradGuard no_grad;
-  const int64_t n = state.length;
-  auto h = state.hidden.narrow(1, 0, n);
-  // Module k at position i reads token t_{i+k}: the history shifted by k, extended by next_token and the
-  // drafts so far.
-  auto ahead = torch::cat({state.tokens.narrow(1, 1, n - 1), next_token.view({-1, 1})}, 1);
+  const int64_t n = state.length, depth = static_cast<int64_t>(mtp_.size());
+  if (state.mtp.empty()) {
+    // Rollback of the state can unsettle positions the last draft settled: the caches reach that far back and over
+    // the depth speculative positions each draft drops.
+    const int64_t reach = state.max_rollback + depth;
+    for (const auto& m : mtp_) {
+      MtpCache c;
+      for (const auto& layer : m->layers) c.layers.push_back(layer->make_cache(state.batch(), state.capacity(), reach));
+      c.hidden = torch::zeros_like(state.hidden);
+      state.mtp.push_back(std::move(c));
+    }
+  }
+  // The tokens past the history: next_token (t_n), then the drafts as they come.
+  std::vector<torch::Tensor> tail = {next_token.view({-1, 1})};
   std::vector<torch::Tensor> drafts;
-  for (auto& m : mtp_) {
-    h = m(h, embed(ahead));
-    auto d = head(m->norm(h.narrow(1, n - 1, 1))).squeeze(1).argmax(-1);
-    drafts.push_back(d);
-    ahead = torch::cat({ahead.narrow(1, 1, n - 1), d.view({-1, 1})}, 1);
+  for (int64_t k = 1; k <= depth; ++k) {
+    auto& c = state.mtp[k - 1];
+    const int64_t from = c.length, count = n - from;
+    // Module k at position i reads h^{k-1}_i and t_{i+k}: t_{from+k}..t_{n-1+k}, from the history and the tail.
+    const int64_t start = from + k;
+    std::vector<torch::Tensor> parts;
+    if (start < n) parts.push_back(state.tokens.narrow(1, start, n - start));
+    parts.insert(parts.end(), tail.begin(), tail.end());
+    auto ahead = torch::cat(parts, 1).narrow(1, std::max<int64_t>(0, start - n), count);
+    const auto& prev = k == 1 ? state.hidden : state.mtp[k - 2].hidden;
+    auto h = mtp_[k - 1]->prefill(prev.narrow(1, from, count), embed(ahead), c.layers);
+    c.hidden.narrow(1, from, count).copy_(h);
+    drafts.push_back(head(mtp_[k - 1]->norm(h.narrow(1, count - 1, 1))).squeeze(1).argmax(-1));
+    tail.push_back(drafts.back().view({-1, 1}));
+    // Positions n-k.. read next_token or drafts: not settled.
+    const int64_t settled = std::max<int64_t>(0, n - k);
+    for (auto& layer_cache : c.layers)
+      if (layer_cache) layer_cache->rollback(n - settled);
+    c.length = settled;
   }
   return torch::stack(drafts, 1);
 }

@@ -84,9 +84,11 @@ class HybridLM : public torch::nn::Module {
   // One token per sequence, token [B]; returns logits [B, V].
   torch::Tensor decode(const torch::Tensor& token, DecodeState& state);
   // Greedy draft tokens [B, mtp depth] from the MTP modules: next_token [B] is the token chosen after the
-  // state's last position; draft j guesses the token j+1 places after it. Leaves the state unchanged.
-  // The modules run over the whole history (no MTP cache yet).
-  torch::Tensor draft(const DecodeState& state, const torch::Tensor& next_token);
+  // state's last position; draft j guesses the token j+1 places after it. The main stack's caches and history stay
+  // as they are; the modules keep their own caches in state.mtp (made by the first call, which runs the modules over
+  // the whole history), so a call runs each module over the positions new since the last one and its speculative
+  // ones only. Every row must hold state.length tokens.
+  torch::Tensor draft(DecodeState& state, const torch::Tensor& next_token);
 
   // Every MoE sub-module (main stack and MTP modules), for router statistics and bias updates.
   std::vector<MoEImpl*> moe_modules() const;

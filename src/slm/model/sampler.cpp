@@ -18,7 +18,13 @@ Sampler::Sampler(const SamplerOptions& options)
 
 at::Tensor Sampler::sample(const at::Tensor& logits) {
   if (logits.dim() != 2) throw Error("sampler: expected logits [batch, vocab]");
-  if (options_.temperature == 0.0) return logits.argmax(-1);
+  if (greedy()) return logits.argmax(-1);
+  return draw(probabilities(logits)).to(logits.device());
+}
+
+at::Tensor Sampler::probabilities(const at::Tensor& logits) const {
+  if (logits.dim() != 2) throw Error("sampler: expected logits [batch, vocab]");
+  if (greedy()) throw Error("sampler: a greedy sampler has no distribution to draw from");
   // The draw happens on the CPU so one generator serves every device and the seed fixes the result.
   auto z = logits.detach().to(torch::kCPU, torch::kDouble) / options_.temperature;
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -34,8 +40,15 @@ at::Tensor Sampler::sample(const at::Tensor& logits) {
     auto drop = torch::zeros_like(drop_sorted).scatter(1, order, drop_sorted);
     z = z.masked_fill(drop, neg_inf);
   }
-  auto probs = torch::softmax(z, -1);
-  return at::multinomial(probs, 1, false, generator_).squeeze(1).to(logits.device());
+  return torch::softmax(z, -1);
+}
+
+at::Tensor Sampler::draw(const at::Tensor& weights) {
+  return at::multinomial(weights, 1, false, generator_).squeeze(1);
+}
+
+double Sampler::uniform() {
+  return at::empty({1}, at::kDouble).uniform_(0.0, 1.0, generator_).item<double>();
 }
 
 }  // namespace slm::model

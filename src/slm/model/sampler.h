@@ -22,6 +22,16 @@ class Sampler {
   // logits [B, V] (any device, any float dtype) -> token ids [B] int64 on the logits' device.
   at::Tensor sample(const at::Tensor& logits);
 
+  // The pieces of sample() that speculative sampling (engine/generation.h) uses on their own:
+  bool greedy() const { return options_.temperature == 0.0; }
+  // The distribution sample() draws from when not greedy: logits [B, V] -> probabilities [B, V], double, on the CPU,
+  // after temperature, top-k and top-p.
+  at::Tensor probabilities(const at::Tensor& logits) const;
+  // One id per row from weights [B, V] (double on the CPU, non-negative, any positive sum) -> ids [B] on the CPU.
+  at::Tensor draw(const at::Tensor& weights);
+  // A uniform number in [0, 1) from the same generator.
+  double uniform();
+
  private:
   SamplerOptions options_;
   at::Generator generator_;

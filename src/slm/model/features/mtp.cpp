@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "slm/model/layer_registry.h"
+#include "slm/util/error.h"
 
 namespace slm::model {
 
@@ -18,9 +19,21 @@ MtpModuleImpl::MtpModuleImpl(const Recipe& r, const ModelPlan& plan, const torch
   norm = register_module("norm", RMSNorm(r.d_model, r.norm_eps, options));
 }
 
+torch::Tensor MtpModuleImpl::input(const torch::Tensor& h_prev, const torch::Tensor& emb) {
+  return proj(torch::cat({enorm(emb), hnorm(h_prev)}, -1));
+}
+
 torch::Tensor MtpModuleImpl::forward(const torch::Tensor& h_prev, const torch::Tensor& emb, const Documents* docs) {
-  auto x = proj(torch::cat({enorm(emb), hnorm(h_prev)}, -1));
+  auto x = input(h_prev, emb);
   for (auto& layer : layers) x = x + layer->forward(x, docs);
+  return x;
+}
+
+torch::Tensor MtpModuleImpl::prefill(const torch::Tensor& h_prev, const torch::Tensor& emb,
+                                     std::vector<std::unique_ptr<LayerCache>>& caches) {
+  if (caches.size() != layers.size()) throw Error("MTP module: one cache per layer expected");
+  auto x = input(h_prev, emb);
+  for (size_t l = 0; l < layers.size(); ++l) x = x + layers[l]->prefill(x, caches[l].get());
   return x;
 }
 

@@ -6,6 +6,7 @@
 // "norm" and the main model's LM head.
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <memory>
 #include <vector>
 
 #include "slm/model/layer.h"
@@ -19,11 +20,17 @@ class MtpModuleImpl : public torch::nn::Module {
   // h_prev [B, n, D] and emb [B, n, D] (embeddings of the tokens k ahead) -> h^k [B, n, D], before "norm".
   // docs (optional): the packed documents of the n positions, for the module's layers.
   torch::Tensor forward(const torch::Tensor& h_prev, const torch::Tensor& emb, const Documents* docs = nullptr);
+  // The same for positions that continue the ones caches (made by the layers' make_cache, one per layer) hold.
+  torch::Tensor prefill(const torch::Tensor& h_prev, const torch::Tensor& emb,
+                        std::vector<std::unique_ptr<LayerCache>>& caches);
 
   RMSNorm enorm{nullptr}, hnorm{nullptr}, norm{nullptr};
   Linear proj{nullptr};
   torch::nn::ModuleList layer_list{nullptr};
   std::vector<std::shared_ptr<Layer>> layers;
+
+ private:
+  torch::Tensor input(const torch::Tensor& h_prev, const torch::Tensor& emb);
 };
 TORCH_MODULE(MtpModule);
 

@@ -71,16 +71,12 @@ std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tens
   const int64_t b = h.size(0), t = h.size(1), bc = rank * groups * d_state;
   const auto proj = in_proj(h);
   const auto w = weights();
-  auto gate = [&](const torch::Tensor& y, const torch::Tensor& z) {
-    auto o = ops::mamba3_gate(y, z, mimo_z, mimo_o, out_norm ? out_norm->weight : torch::Tensor(), kMamba3NormEps);
-    return out_proj(o.to(h.scalar_type()));
-  };
   // A decode token: one kernel (GPU) or loop (CPU) from the projection row to the state and y.
   // (Inference only: the kernel has no backward.)
   if (const auto row = proj.view({b, -1});
       t == 1 && !start.defined() && !proj.requires_grad() && ops::mamba3_step_fusable(row, w, state)) {
-    auto [y, next] = ops::mamba3_step_fused(row, {heads, headdim, groups, d_state, angles, d_inner}, w, state);
-    return {gate(y, row.narrow(1, 0, d_inner).view({b, 1, heads, headdim})), next};
+    auto [y, next] = ops::mamba3_step_fused(row, step_layout(), w, state);
+    return {gate(y, row.narrow(1, 0, d_inner).view({b, 1, heads, headdim}), h.scalar_type()), next};
   }
   auto parts = proj.split_with_sizes({d_inner, d_inner, bc, bc, heads, heads, heads, angles}, -1);
   ops::Mamba3Projections p{parts[1].view({b, t, heads, headdim}),
@@ -94,7 +90,32 @@ std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tens
     auto seq = ops::mamba3_preprocess(p, w, state.angle, start);
     return t == 1 ? ops::mamba3_step(seq, state) : ops::mamba3_scan_chunked(seq, state, chunk_size);
   }();
-  return {gate(y, parts[0].view({b, t, heads, headdim})), next};
+  return {gate(y, parts[0].view({b, t, heads, headdim}), h.scalar_type()), next};
+}
+
+torch::Tensor Mamba3Impl::gate(const torch::Tensor& y, const torch::Tensor& z, torch::ScalarType dtype) {
+  auto o = ops::mamba3_gate(y, z, mimo_z, mimo_o, out_norm ? out_norm->weight : torch::Tensor(), kMamba3NormEps);
+  return out_proj(o.to(dtype));
+}
+
+std::pair<torch::Tensor, std::vector<ops::Mamba3State>> Mamba3Impl::steps(const torch::Tensor& h,
+                                                                          const ops::Mamba3State& state) {
+  const int64_t b = h.size(0), t = h.size(1);
+  std::vector<ops::Mamba3State> states;
+  const auto proj = in_proj(h);
+  const auto w = weights();
+  if (!proj.requires_grad() && ops::mamba3_step_fusable(proj.select(1, 0).contiguous(), w, state)) {
+    std::vector<torch::Tensor> ys;
+    for (int64_t i = 0; i < t; ++i) {
+      auto [y, next] =
+          ops::mamba3_step_fused(proj.select(1, i).contiguous(), step_layout(), w, i ? states.back() : state);
+      ys.push_back(y);
+      states.push_back(std::move(next));
+    }
+    return {gate(torch::cat(ys, 1), proj.narrow(-1, 0, d_inner).view({b, t, heads, headdim}), h.scalar_type()),
+            std::move(states)};
+  }
+  return step_each([this](const torch::Tensor& x, const ops::Mamba3State& s) { return forward(x, s); }, h, state);
 }
 
 Mamba3Layer::Mamba3Layer(const Recipe& r, const torch::TensorOptions& options) : Layer(r.d_model, r.norm_eps, options) {
@@ -108,7 +129,9 @@ torch::Tensor Mamba3Layer::forward(const torch::Tensor& x, const Documents* docs
 torch::Tensor Mamba3Layer::prefill(const torch::Tensor& x, LayerCache* cache) {
   auto* c = dynamic_cast<Mamba3Cache*>(cache);
   if (!c) throw Error("Mamba3Layer::prefill needs the Mamba3Cache its make_cache created");
-  return run_recurrent(*c, norm(x), [this](const torch::Tensor& h, const ops::Mamba3State& s) { return mamba(h, s); });
+  return run_recurrent(
+      *c, norm(x), [this](const torch::Tensor& h, const ops::Mamba3State& s) { return mamba(h, s); },
+      [this](const torch::Tensor& h, const ops::Mamba3State& s) { return mamba->steps(h, s); });
 }
 
 std::unique_ptr<LayerCache> Mamba3Layer::make_cache(int64_t batch, int64_t, int64_t max_rollback) const {

@@ -3,6 +3,7 @@
 // lives in slm/ops/mamba3_scan.h; this class owns the parameters (names and shapes as in
 // recipe/accounting.cpp) and picks the chunked form for sequences and the step form for single tokens.
 #include <utility>
+#include <vector>
 
 #include "slm/model/layer.h"
 #include "slm/model/layers/recurrent_cache.h"
@@ -21,6 +22,9 @@ class Mamba3Impl : public torch::nn::Module {
   // packed documents begin (ops::mamba3_preprocess).
   std::pair<torch::Tensor, ops::Mamba3State> forward(const torch::Tensor& h, const ops::Mamba3State& state,
                                                      const torch::Tensor& start = {});
+  // The same token by token (no packed documents), returning the state after each token too: the steps of a cache
+  // that may roll back. Where the decode step is fused, in_proj and out_proj run over all T tokens at once.
+  std::pair<torch::Tensor, std::vector<ops::Mamba3State>> steps(const torch::Tensor& h, const ops::Mamba3State& state);
   ops::Mamba3State zero_state(int64_t batch) const;
   ops::Mamba3Weights weights() const;
 
@@ -31,6 +35,11 @@ class Mamba3Impl : public torch::nn::Module {
   torch::Tensor mimo_x, mimo_z, mimo_o;  // MIMO only
   RMSNorm B_norm{nullptr}, C_norm{nullptr};
   RMSNorm out_norm{nullptr};  // is_outproj_norm only; applied per head (group = headdim)
+
+ private:
+  // The output gate and out_proj: y [B, T, H, R, P] from the scan, z [B, T, H, P].
+  torch::Tensor gate(const torch::Tensor& y, const torch::Tensor& z, torch::ScalarType dtype);
+  ops::Mamba3StepLayout step_layout() const { return {heads, headdim, groups, d_state, angles, d_inner}; }
 };
 TORCH_MODULE(Mamba3);
 

@@ -1,8 +1,9 @@
 #pragma once
 // The inference cache of a recurrent layer (M, R): its state after the tokens consumed so far, plus the
 // states before each of the last max_rollback tokens so a speculative decoder can drop rejected tokens.
-// A recurrent state cannot be rewound, so the layers run the last max_rollback tokens of a prefill one
-// at a time and record the state before each; a multi-token advance clears that history.
+// A recurrent state cannot be rewound, so the layers run the recurrence of the last max_rollback tokens of a prefill
+// one token at a time and record the state before each (Mamba-3 and M2RNN with their projections batched over those
+// tokens); a multi-token advance clears that history.
 // The state's buffers keep their addresses: a State is a struct of tensors whose tensors() lists pointers to them, and
 // every new state is copied into the current buffers (a captured CUDA graph of a decode step reads and writes them
 // where they were at capture). A buffer is replaced only when the new tensor's shape or dtype differs (the first step
@@ -113,10 +114,11 @@ class RecurrentCache : public LayerCache {
   bool view_ = false;
 };
 
-// Runs h [B, T, ...] through run(part, state) -> (output, next state) and advances the cache, stepping the last
-// max_rollback tokens singly so that rollback can reach them. Returns the outputs concatenated over T.
-template <class State, class Run>
-at::Tensor run_recurrent(RecurrentCache<State>& cache, const at::Tensor& h, Run&& run) {
+// Runs h [B, T, ...] through run(part, state) -> (output, next state) and advances the cache; the last max_rollback
+// tokens go through steps(part, state) -> (output, the state after each token of part), so that rollback can reach
+// them. Returns the outputs concatenated over T.
+template <class State, class Run, class Steps>
+at::Tensor run_recurrent(RecurrentCache<State>& cache, const at::Tensor& h, Run&& run, Steps&& steps) {
   const int64_t t = h.size(1), singles = std::min(t, cache.max_rollback());
   std::vector<at::Tensor> outs;
   if (t > singles) {
@@ -124,12 +126,33 @@ at::Tensor run_recurrent(RecurrentCache<State>& cache, const at::Tensor& h, Run&
     cache.advance(std::move(s), t - singles);
     outs.push_back(o);
   }
-  for (int64_t i = t - singles; i < t; ++i) {
-    auto [o, s] = run(h.narrow(1, i, 1), cache.state());
-    cache.advance(std::move(s), 1);
+  if (singles > 0) {
+    auto [o, states] = steps(h.narrow(1, t - singles, singles), cache.state());
+    for (auto& s : states) cache.advance(std::move(s), 1);
     outs.push_back(o);
   }
   return outs.size() == 1 ? outs[0] : at::cat(outs, 1);
+}
+
+// part [B, T, ...] one token at a time through run(token, state) -> (output, next state): the outputs concatenated
+// over T and the state after each token.
+template <class State, class Run>
+std::pair<at::Tensor, std::vector<State>> step_each(Run&& run, const at::Tensor& part, const State& state) {
+  std::vector<at::Tensor> outs;
+  std::vector<State> states;
+  for (int64_t i = 0; i < part.size(1); ++i) {
+    auto [o, s] = run(part.narrow(1, i, 1), i ? states.back() : state);
+    outs.push_back(o);
+    states.push_back(std::move(s));
+  }
+  return {at::cat(outs, 1), std::move(states)};
+}
+
+// run_recurrent for layers without a multi-token step form: the last max_rollback tokens through run one at a time.
+template <class State, class Run>
+at::Tensor run_recurrent(RecurrentCache<State>& cache, const at::Tensor& h, Run&& run) {
+  return run_recurrent(cache, h, run,
+                       [&run](const at::Tensor& part, const State& state) { return step_each(run, part, state); });
 }
 
 }  // namespace slm::model
