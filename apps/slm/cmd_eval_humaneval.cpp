@@ -45,6 +45,7 @@ struct HumanEvalCli {
   std::string files;
   size_t max_files = 0;
   eval::BodyCutOptions cuts;
+  bool original = false;  // context: score the original bodies
 };
 
 eval::Isolation choose_isolation(const std::string& mode) {
@@ -183,7 +184,19 @@ void run_context_cli(HumanEvalCli& c) {
   std::vector<eval::Problem> problems;
   for (const auto& k : cases) problems.push_back(k.problem);
   if (!c.out.empty()) make_dirs(c.out);
-  auto source = make_source(c, problems);
+  std::unique_ptr<eval::CompletionSource> source;
+  if (c.original) {  // the metric on the code as written: its floor for hallucination, its ceiling for adherence
+    if (!c.completions.empty() || !c.model.checkpoint.empty())
+      throw Error("--original scores the original bodies: give no --model or --completions");
+    c.completions = (c.out.empty() ? std::string("/tmp") : c.out) + "/original-bodies.jsonl";
+    std::string lines;
+    for (const auto& k : cases)
+      lines += nlohmann::json{{"task_id", k.problem.name}, {"completion", k.body}}.dump(
+                   -1, ' ', false, nlohmann::json::error_handler_t::replace) +
+               "\n";
+    write_file_atomic(c.completions, lines);
+  }
+  source = make_source(c, problems);
   std::cerr << "slm: " << cases.size() << " context-graph cases from " << c.files
             << "; completions: " << source->describe() << "\n";
   eval::KnownIdentifiers known(c.run.compile.compiler, c.run.compile.standard, c.run.compile.include_dirs);
@@ -290,6 +303,8 @@ void add_eval_humaneval_command(CLI::App* eval) {
   cx->add_option("--include,-I", x->run.compile.include_dirs,
                  "include directory of the held-out project, for the identifiers its headers declare (repeatable; "
                  "each file's own directory is always searched for #include \"...\")");
+  cx->add_flag("--original", x->original,
+               "score the original bodies instead of a model's (the measures on code as written)");
   add_source_options(cx, x);
   add_compiler_options(cx, x);
   cx->callback([x] { run_context_cli(*x); });
