@@ -43,6 +43,8 @@ struct BuildFlags {
   int jobs = 2;
   int debug_variants = 6;
   int review_files = 8;
+  bool router_unbalanced_train = false;
+  uint64_t router_max_per_domain = data::RouterOptions{}.max_per_domain;
 };
 
 void run_build(const BuildFlags& f) {
@@ -70,6 +72,8 @@ void run_build(const BuildFlags& f) {
   o.jobs = o.debug.jobs = o.review.jobs = f.jobs;
   o.debug.variants = f.debug_variants;
   o.review.files_per_root = f.review_files;
+  o.router.balance_train = !f.router_unbalanced_train;
+  o.router.max_per_domain = f.router_max_per_domain;
   if (!f.no_decontam) {
     if (!fs::exists(f.eval))
       throw Error(f.eval + ": evaluation problems not found (needed for decontamination; --no-decontam to skip)");
@@ -180,6 +184,15 @@ void add_data_command(CLI::App& app) {
   build
       ->add_option("--review-files", bf.review_files,
                    "review: files per source directory (chosen by path hash); 0: none")
+      ->capture_default_str();
+  build
+      ->add_flag("--router-unbalanced-train", bf.router_unbalanced_train,
+                 "orchestration: the train split keeps each domain's requests (up to the cap) instead of trimming "
+                 "every domain to the smallest one's count; `slm router train` weights the labels instead")
+      ->capture_default_str();
+  build
+      ->add_option("--router-max-per-domain", bf.router_max_per_domain,
+                   "orchestration: at most this many requests per domain and split")
       ->capture_default_str();
   build->callback([] { run_build(bf); });
 

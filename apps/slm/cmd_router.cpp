@@ -70,6 +70,9 @@ void add_router_command(CLI::App& app) {
   train->add_option("--char-min", t->o.features.char_min, "shortest byte n-gram")->capture_default_str();
   train->add_option("--char-max", t->o.features.char_max, "longest byte n-gram (0: no byte n-grams)")
       ->capture_default_str();
+  train->add_flag("--word-trigrams", t->o.features.word_trigrams, "add word trigram features");
+  train->add_flag("--line-shapes", t->o.features.line_shapes,
+                  "add line shape features (a line's first two bytes, first word, last two bytes)");
   train->add_option("--seed", t->o.seed, "example order")->capture_default_str();
   train->callback([t] {
     const auto tr = router::read_labelled(split_file(t->data, "train"));

@@ -403,3 +403,39 @@ TEST(RouterRequests, SamplerCutsFromTheLowestHashSourcesOnly) {
   ASSERT_EQ(shell_paths.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(shell_paths[i], by_hash[i].second);
 }
+
+// Without balance_train the train split keeps each domain's own capacity min(max_per_domain, documents x windows)
+// (counted by hand below), while a held-out split is still cut to its smallest domain's.
+TEST(RouterRequests, UnbalancedTrainKeepsEachDomainsCapacity) {
+  RouterOptions ro;
+  ro.max_per_domain = 5;
+  ro.max_windows_per_doc = 2;
+  ro.balance_train = false;
+  std::vector<RouterSource> sources;
+  auto add = [&](const std::string& domain, const std::string& split, int docs) {
+    for (int i = 0; i < docs; ++i) {
+      RouterSource s;
+      s.domain = domain;
+      s.split = split;
+      s.meta = {"pkg", domain + split + std::to_string(i), "MIT", domain};
+      s.text = "line one of " + s.meta.path + "\nline two\nline three\n";
+      sources.push_back(s);
+    }
+  };
+  add("cmake", "train", 1);  // 1 x 2 windows = 2
+  add("shell", "train", 2);  // 2 x 2 = 4
+  add("cpp", "train", 9);    // 18, capped at 5
+  add("cmake", "validation", 1);
+  add("shell", "validation", 3);
+  std::map<std::string, int> count;
+  for (const auto& g : make_router_requests(sources, ro)) ++count[g.split + "/" + g.extra["label"].get<std::string>()];
+  EXPECT_EQ(
+      count,
+      (std::map<std::string, int>{
+          {"train/cmake", 2}, {"train/shell", 4}, {"train/cpp", 5}, {"validation/cmake", 2}, {"validation/shell", 2}}));
+  ro.balance_train = true;
+  count.clear();
+  for (const auto& g : make_router_requests(sources, ro)) ++count[g.split + "/" + g.extra["label"].get<std::string>()];
+  EXPECT_EQ(count["train/cpp"], 2);
+  EXPECT_EQ(count["train/shell"], 2);
+}

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "slm/data/hashing.h"
 #include "slm/router/route.h"
 #include "slm/router/train.h"
 #include "slm/util/files.h"
@@ -120,6 +121,36 @@ TEST(RouterFeatures, UnitLengthSortedAndBounded) {
   EXPECT_EQ(extract_features("abcdefgh", f).index, extract_features("abcdefgh and much more text", f).index);
 }
 
+// A weight scales the example's loss and error: weight 3 on the hand-computed step above triples every change.
+TEST(RouterClassifier, WeightedStepScalesTheExamplesError) {
+  FeatureOptions f;
+  f.bucket_bits = 4;
+  Classifier c({"a", "b"}, f);
+  Example e{{{1, 3}, {1.0f, 2.0f}}, 0, 3.0};
+  EXPECT_NEAR(c.gradient_step({&e}, 0.1, 0.0), 3 * std::log(2.0), 1e-12);
+  EXPECT_NEAR(c.weight(1, 0), 0.15, 1e-7);
+  EXPECT_NEAR(c.weight(3, 1), -0.30, 1e-7);
+  EXPECT_NEAR(c.bias(0), 0.15, 1e-7);
+}
+
+// Counted by hand (2^26 buckets: no collisions among a dozen features), each feature occurring once, so every
+// value is 1/sqrt(count).
+TEST(RouterFeatures, LineShapesAndTrigramsAddHandCountedFeatures) {
+  FeatureOptions f;
+  f.bucket_bits = 26;
+  // "+ a": words "+", "a", bigram "+ a", byte 3-gram "+ a".
+  EXPECT_EQ(extract_features("+ a", f).size(), 4u);
+  f.line_shapes = true;  // + first two bytes "+ ", first word "+", last two bytes " a"
+  const auto v = extract_features("+ a", f);
+  ASSERT_EQ(v.size(), 7u);
+  for (float x : v.value) EXPECT_NEAR(x, 1 / std::sqrt(7.0), 1e-6);
+  f.line_shapes = false;
+  // "a b c": 3 words, 2 bigrams, byte n-grams 3 + 2 + 1; trigrams add "a b c".
+  EXPECT_EQ(extract_features("a b c", f).size(), 11u);
+  f.word_trigrams = true;
+  EXPECT_EQ(extract_features("a b c", f).size(), 12u);
+}
+
 TEST(RouterTrain, SeparableToyDataReachesFullAccuracy) {
   TrainOptions o;
   o.features = small_features();
@@ -158,6 +189,30 @@ TEST(RouterFile, RoundTripKeepsEveryProbability) {
   for (const auto& t : toy_requests(5, 5)) EXPECT_EQ(back.classify(t.text), model.classify(t.text));
 }
 
+// A version 1 file (written here byte by byte as that format was: no word_trigrams or line_shapes in its header)
+// loads with both off and gives the weights it holds.
+TEST(RouterFile, VersionOneFileLoadsWithTheNewFeaturesOff) {
+  const std::string header =
+      R"({"features":{"bucket_bits":4,"char_max":0,"char_min":3,"max_bytes":4096,"word_bigrams":false},)"
+      R"("labels":["x","y"]})";
+  std::string bytes = "SLMROUTR";
+  const uint32_t version = 1, n = static_cast<uint32_t>(header.size());
+  bytes.append(reinterpret_cast<const char*>(&version), 4);
+  bytes.append(reinterpret_cast<const char*>(&n), 4);
+  bytes += header;
+  std::vector<float> wb(16 * 2 + 2, 0.0f);
+  wb[16 * 2] = std::log(3.0f);  // bias x: p(x) = 3 / 4 for any text
+  bytes.append(reinterpret_cast<const char*>(wb.data()), wb.size() * sizeof(float));
+  const uint64_t sum = data::hash64(bytes, 0x726f75746572ULL);
+  bytes.append(reinterpret_cast<const char*>(&sum), 8);
+  const std::string path = testing::TempDir() + "/router_v1.bin";
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  const auto c = Classifier::load(path);
+  EXPECT_FALSE(c.features().word_trigrams);
+  EXPECT_FALSE(c.features().line_shapes);
+  EXPECT_NEAR(c.classify("anything")[0], 0.75, 1e-6);
+}
+
 TEST(RouterFile, CorruptFilesAreRefusedWithTheirName) {
   Classifier c({"x", "y"}, small_features());
   const std::string path = testing::TempDir() + "/router_corrupt.bin";
@@ -179,9 +234,9 @@ TEST(RouterFile, CorruptFilesAreRefusedWithTheirName) {
   expect_refused(flipped, "checksum mismatch");
   expect_refused(good.substr(0, good.size() - 100), "checksum mismatch");
   expect_refused("GGUF" + good.substr(4), "SLMROUTR");
-  std::string v2 = good;
-  v2[8] = 2;
-  expect_refused(v2, "format version 2");
+  std::string v3 = good;
+  v3[8] = 3;
+  expect_refused(v3, "format version 3");
   expect_refused("", "SLMROUTR");
 }
 

@@ -677,8 +677,8 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
           o.out_dir);
     auto requests = sampler.requests();
     rep.domains[oi].candidates = requests.size();
-    // Duplicates are removed first, then every label is trimmed to the smallest label's count in each split, so
-    // the balance survives deduplication.
+    // Duplicates are removed first, then every label is trimmed to the smallest label's count in each split (but
+    // train without router.balance_train), so the balance survives deduplication.
     Deduplicator rdedup(o.minhash);
     std::vector<GeneratedDoc> unique;
     for (auto& g : requests) {
@@ -700,7 +700,7 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
     uint64_t trimmed = 0;
     for (auto& g : unique) {
       uint64_t& n = per_label[g.extra["label"].get<std::string>() + "/" + g.split];
-      if (n == quota[g.split]) {
+      if (n == quota[g.split] && (g.split != "train" || o.router.balance_train)) {
         ++trimmed;
         continue;
       }

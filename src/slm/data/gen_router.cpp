@@ -151,10 +151,14 @@ void RouterSampler::offer(const RouterSource& s) {
 std::vector<GeneratedDoc> RouterSampler::requests() const {
   std::vector<GeneratedDoc> out;
   for (const auto& [split, by_domain] : groups_) {
-    uint64_t per_domain = o_.max_per_domain;
+    uint64_t smallest = o_.max_per_domain;
     for (const auto& [domain, g] : by_domain)
-      per_domain = std::min<uint64_t>(per_domain, g.offered * static_cast<uint64_t>(o_.max_windows_per_doc));
+      smallest = std::min<uint64_t>(smallest, g.offered * static_cast<uint64_t>(o_.max_windows_per_doc));
     for (const auto& [domain, g] : by_domain) {
+      const uint64_t per_domain =
+          split == "train" && !o_.balance_train
+              ? std::min<uint64_t>(o_.max_per_domain, g.offered * static_cast<uint64_t>(o_.max_windows_per_doc))
+              : smallest;
       // The kept sources in hash order (a deterministic sample, spread over packages); round-robin over them:
       // window 0 of every document, then window 1, ... until the quota is met.
       std::vector<const Kept*> idx;

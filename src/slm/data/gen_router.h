@@ -9,8 +9,11 @@
 //      "Write CMake for ...") and half of the time a generic one ("Can you take a look at this?") shared by
 //      all domains, so the label must be read from the content and not only from the wording;
 //   3. instruction and window joined (instruction first or last, by hash).
-// Balance: in every split each domain contributes the same number of requests: the smallest domain's capacity
-// (documents x max_windows_per_doc), capped at max_per_domain. Split: a request is in its source document's split.
+// Balance: in every held-out split each domain contributes the same number of requests: the smallest domain's
+// capacity (documents x max_windows_per_doc), capped at max_per_domain. The train split does too with balance_train;
+// without it each domain keeps its own capacity (capped), so the large domains are not cut to the smallest one's few
+// hundred requests, and the trainer weights the labels by inverse frequency instead (router/train.h).
+// Split: a request is in its source document's split.
 #include <cstdint>
 #include <map>
 #include <string>
@@ -30,6 +33,7 @@ struct RouterOptions {
   uint64_t max_per_domain = 4000;  // per split, per domain (validation/test are bounded by their documents)
   int max_windows_per_doc = 4;
   size_t min_window = 240, max_window = 1600;
+  bool balance_train = true;
 };
 
 std::vector<GeneratedDoc> make_router_requests(const std::vector<RouterSource>& sources, const RouterOptions& o);

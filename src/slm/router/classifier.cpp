@@ -16,7 +16,9 @@ namespace slm::router {
 namespace {
 
 constexpr char kMagic[8] = {'S', 'L', 'M', 'R', 'O', 'U', 'T', 'R'};
-constexpr uint32_t kVersion = 1;
+// Version 2 added the word_trigrams and line_shapes feature options: a version 1 program would ignore them and
+// compute other features, so it must refuse the file; version 1 files load with both off.
+constexpr uint32_t kVersion = 2;
 constexpr uint64_t kChecksumSeed = 0x726f75746572ULL;
 
 template <class T>
@@ -76,8 +78,9 @@ double Classifier::gradient_step(const std::vector<const Example*>& batch, doubl
   for (const Example* e : batch) {
     if (e->label >= c) throw Error("router: example label past the classifier's labels");
     auto p = probabilities(e->x);
-    loss -= std::log(std::max(p[e->label], 1e-300));
+    loss -= e->weight * std::log(std::max(p[e->label], 1e-300));
     p[e->label] -= 1.0;
+    for (auto& v : p) v *= e->weight;
     err.push_back(std::move(p));
   }
   if (l2 > 0) {
@@ -97,10 +100,9 @@ double Classifier::gradient_step(const std::vector<const Example*>& batch, doubl
 }
 
 void Classifier::save(const std::string& path) const {
-  const nlohmann::json features = {{"bucket_bits", features_.bucket_bits},
-                                   {"word_bigrams", features_.word_bigrams},
-                                   {"char_min", features_.char_min},
-                                   {"char_max", features_.char_max},
+  const nlohmann::json features = {{"bucket_bits", features_.bucket_bits},     {"word_bigrams", features_.word_bigrams},
+                                   {"word_trigrams", features_.word_trigrams}, {"line_shapes", features_.line_shapes},
+                                   {"char_min", features_.char_min},           {"char_max", features_.char_max},
                                    {"max_bytes", features_.max_bytes}};
   const std::string header = nlohmann::json{{"labels", labels_}, {"features", features}}.dump();
   std::string out(kMagic, sizeof(kMagic));
@@ -122,8 +124,9 @@ Classifier Classifier::load(const std::string& path) {
   uint32_t version = 0, header_len = 0;
   std::memcpy(&version, bytes.data() + 8, 4);
   std::memcpy(&header_len, bytes.data() + 12, 4);
-  if (version != kVersion)
-    throw bad("format version " + std::to_string(version) + ", this program reads version " + std::to_string(kVersion));
+  if (version != 1 && version != kVersion)
+    throw bad("format version " + std::to_string(version) + ", this program reads versions 1 to " +
+              std::to_string(kVersion));
   if (16 + static_cast<uint64_t>(header_len) + 8 > bytes.size()) throw bad("truncated header");
   uint64_t stored = 0;
   std::memcpy(&stored, bytes.data() + bytes.size() - 8, 8);
@@ -139,6 +142,10 @@ Classifier Classifier::load(const std::string& path) {
     const auto& f = header["features"];
     fo.bucket_bits = f.at("bucket_bits").get<uint32_t>();
     fo.word_bigrams = f.at("word_bigrams").get<bool>();
+    if (version >= 2) {
+      fo.word_trigrams = f.at("word_trigrams").get<bool>();
+      fo.line_shapes = f.at("line_shapes").get<bool>();
+    }
     fo.char_min = f.at("char_min").get<uint32_t>();
     fo.char_max = f.at("char_max").get<uint32_t>();
     fo.max_bytes = f.at("max_bytes").get<uint32_t>();

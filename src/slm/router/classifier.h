@@ -5,8 +5,8 @@
 // (train.h runs the epochs). Pure C++ on one core: a request costs one feature pass and about
 // (features x classes) multiply-adds.
 //
-// File format (versioned, little-endian; docs/serving.md): the 8 bytes "SLMROUTR", u32 version (1), u32 n, n bytes
-// of a JSON header {"labels": [...], "features": {...}}, then W as float32 [buckets][classes], b as float32
+// File format (versioned, little-endian; docs/serving.md): the 8 bytes "SLMROUTR", u32 version (2; 1 is read too), u32
+// n, n bytes of a JSON header {"labels": [...], "features": {...}}, then W as float32 [buckets][classes], b as float32
 // [classes], and a u64 hash64 (data/hashing.h) of every byte before it. A wrong magic, version, size or checksum
 // is refused with a message naming the file.
 #include <cstdint>
@@ -20,7 +20,8 @@ namespace slm::router {
 
 struct Example {
   SparseVector x;
-  size_t label = 0;  // index into the classifier's labels
+  size_t label = 0;     // index into the classifier's labels
+  double weight = 1.0;  // the example's share of the batch loss (train.h: inverse label frequency)
 };
 
 class Classifier {
@@ -38,8 +39,8 @@ class Classifier {
   std::vector<double> probabilities(const SparseVector& x) const;
   std::vector<double> classify(std::string_view text) const { return probabilities(extract_features(text, features_)); }
 
-  // One gradient step on the batch's mean cross entropy + (l2 / 2)|W|^2 (the bias is not penalised).
-  // Returns the batch's mean cross entropy before the step.
+  // One gradient step on the batch's mean weighted cross entropy (1/n) sum_i weight_i CE_i + (l2 / 2)|W|^2 (the bias
+  // is not penalised). Returns that mean weighted cross entropy before the step.
   double gradient_step(const std::vector<const Example*>& batch, double learning_rate, double l2);
 
   float weight(uint32_t feature, size_t cls) const { return w_[static_cast<size_t>(feature) * classes() + cls]; }

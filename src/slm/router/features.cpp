@@ -12,7 +12,9 @@ namespace slm::router {
 
 namespace {
 
-constexpr uint64_t kWordSeed = 0x776f7264ULL, kBigramSeed = 0x62696772ULL, kCharSeed = 0x63686172ULL;
+constexpr uint64_t kWordSeed = 0x776f7264ULL, kBigramSeed = 0x62696772ULL, kCharSeed = 0x63686172ULL,
+                   kTrigramSeed = 0x74726967ULL, kLineStartSeed = 0x6c737461ULL, kLineWordSeed = 0x6c776f72ULL,
+                   kLineEndSeed = 0x6c656e64ULL;
 
 bool is_word_byte(unsigned char c) {
   return std::isalnum(c) || c == '_' || c >= 0x80;
@@ -61,6 +63,28 @@ SparseVector extract_features(std::string_view text, const FeatureOptions& o) {
       hits.push_back(static_cast<uint32_t>(h) & mask);
     }
   }
+  if (o.word_trigrams)
+    for (size_t i = 0; i + 2 < ws.size(); ++i) {
+      const uint64_t h = data::mix64(data::hash64(ws[i], kTrigramSeed) ^ (data::hash64(ws[i + 1], kTrigramSeed) << 1) ^
+                                     (data::hash64(ws[i + 2], kTrigramSeed) << 2));
+      hits.push_back(static_cast<uint32_t>(h) & mask);
+    }
+  if (o.line_shapes)
+    for (size_t start = 0; start < text.size();) {
+      size_t end = text.find('\n', start);
+      if (end == std::string_view::npos) end = text.size();
+      std::string_view line = text.substr(start, end - start);
+      start = end + 1;
+      while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.remove_suffix(1);
+      if (line.empty()) continue;
+      hits.push_back(static_cast<uint32_t>(data::hash64(line.substr(0, 2), kLineStartSeed)) & mask);
+      hits.push_back(static_cast<uint32_t>(
+                         data::hash64(line.substr(line.size() - std::min<size_t>(2, line.size())), kLineEndSeed)) &
+                     mask);
+      const size_t first = line.find_first_not_of(" \t");
+      const auto w = words(line.substr(first));
+      if (!w.empty()) hits.push_back(static_cast<uint32_t>(data::hash64(w[0], kLineWordSeed)) & mask);
+    }
   if (o.char_max > 0)
     for (uint32_t n = o.char_min; n <= o.char_max; ++n)
       for (size_t i = 0; i + n <= text.size(); ++i)

@@ -52,7 +52,13 @@ Classifier train_router(const std::vector<LabelledText>& train, const std::vecto
   std::set<std::string> label_set;
   for (const auto& t : train) label_set.insert(t.label);
   Classifier model({label_set.begin(), label_set.end()}, o.features);
-  const auto train_x = featurize(model, train);
+  auto train_x = featurize(model, train);
+  // Each label carries the same total weight (weights n / (labels x count), mean 1), so a label with fewer
+  // requests (a corpus built with --router-unbalanced-train) is not outvoted by the larger ones.
+  std::vector<size_t> count(model.classes(), 0);
+  for (const auto& e : train_x) ++count[e.label];
+  for (auto& e : train_x)
+    e.weight = static_cast<double>(train_x.size()) / (static_cast<double>(model.classes()) * count[e.label]);
   const auto val_x = featurize(model, validation);
 
   std::vector<size_t> order(train_x.size());

@@ -33,7 +33,8 @@ struct EpochReport {
   double validation_accuracy = -1;  // -1 without validation data
 };
 
-// Trains on `train` (the labels are those seen there, sorted) for options.epochs epochs and returns the weights
+// Trains on `train` (the labels are those seen there, sorted; each label's examples weighted by the inverse of its
+// count, so every label weighs the same) for options.epochs epochs and returns the weights
 // of the epoch with the best validation accuracy (the last epoch without validation data). on_epoch sees each
 // epoch's report. Throws slm::Error for an empty training set, fewer than two labels, or validation labels that
 // training never saw.
