@@ -72,13 +72,14 @@ print(','.join(json.loads(l)['name'] for l in open('.devrun/humaneval-cpp.jsonl'
       pids=()
       for m in cpp generalist auto; do
         ( $SLM eval compile-pass --files $HELD/kj -I $HELD --model $URL --server-model $m --parallel 32 --jobs $JOBS \
+            --max-prompt-bytes 900 --max-tokens 256 \
             --out $S/cp-$m > $S/cp-$m.txt 2> $S/cp-$m.err
           $SLM eval context --files $HELD/kj -I $HELD --model $URL --server-model $m --parallel 32 \
             --out $S/ctx-$m > $S/ctx-$m.txt 2> $S/ctx-$m.err ) &
         pids+=($!)
       done
       wait "${pids[@]}"
-      for m in cpp generalist auto; do echo "== $m"; cat $S/cp-$m.txt $S/ctx-$m.txt; tail -2 $S/cp-$m.err $S/ctx-$m.err; done ;;
+      for m in cpp generalist auto; do echo "== $m"; cat $S/cp-$m.txt $S/ctx-$m.txt; tail -n 2 $S/cp-$m.err $S/ctx-$m.err; done ;;
   esac
 done
 kill $SERVER 2> /dev/null
