@@ -238,6 +238,18 @@ void run_context_cli(HumanEvalCli& c) {
 void add_source_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c);
 // Those of the commands that compile what the model wrote: pass@k and the judge's limits.
 void add_judge_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c);
+// The held-out source tree of compile-pass and context, and which function bodies are cut from it.
+void add_tree_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c, const std::string& per_file_flag,
+                      const std::string& per_file_what) {
+  h->add_option("--files", c->files, "directory of held-out C++ code, searched recursively")->required();
+  h->add_option(per_file_flag, c->cuts.max_per_file, per_file_what)->capture_default_str();
+  h->add_option("--min-body-lines", c->cuts.min_body_lines, "shorter bodies are not cut")->capture_default_str();
+  h->add_option("--max-body-bytes", c->cuts.max_body_bytes, "longer bodies are not cut")->capture_default_str();
+  h->add_option("--include,-I", c->run.compile.include_dirs,
+                "include directory of the held-out project (repeatable; each file's own directory is always searched "
+                "for #include \"...\")");
+}
+
 // The compiler and the standard (the judge's, and the preprocessor that lists a file's known identifiers).
 void add_compiler_options(CLI::App* h, const std::shared_ptr<HumanEvalCli>& c) {
   h->add_option("--compiler", c->run.compile.compiler, "C++ compiler")->capture_default_str();
@@ -271,15 +283,8 @@ void add_eval_humaneval_command(CLI::App* eval) {
       "compile-pass",
       "Compile-pass on held-out code: cut C++ files at function bodies, complete each body, report the share with "
       "which the file still compiles (g++ -fsyntax-only; docs/evaluation.md)");
-  cp->add_option("--files", p->files, "directory of held-out C++ sources (.cc .cpp .cxx .c++ .C), searched recursively")
-      ->required();
+  add_tree_options(cp, p, "--cuts-per-file", "function bodies cut per file");
   cp->add_option("--max-files", p->max_files, "only the first N files, sorted by path (0: all)")->capture_default_str();
-  cp->add_option("--cuts-per-file", p->cuts.max_per_file, "function bodies cut per file")->capture_default_str();
-  cp->add_option("--min-body-lines", p->cuts.min_body_lines, "shorter bodies are not cut")->capture_default_str();
-  cp->add_option("--max-body-bytes", p->cuts.max_body_bytes, "longer bodies are not cut")->capture_default_str();
-  cp->add_option("--include,-I", p->run.compile.include_dirs,
-                 "include directory of the held-out project (repeatable; each file's own directory is always searched "
-                 "for #include \"...\")");
   add_source_options(cp, p);
   add_judge_options(cp, p);
   add_compiler_options(cp, p);
@@ -295,14 +300,7 @@ void add_eval_humaneval_command(CLI::App* eval) {
       "Context adherence and hallucination on held-out code: give the model a function's callees and callers and its "
       "signature, let it write the body, report the share that calls a provided callee and the rate of identifiers "
       "found neither in the prompt, the file, its includes nor the standard library (docs/evaluation.md)");
-  cx->add_option("--files", x->files, "directory of held-out C++ sources and headers, searched recursively")
-      ->required();
-  cx->add_option("--cases-per-file", x->cuts.max_per_file, "target functions per file")->capture_default_str();
-  cx->add_option("--min-body-lines", x->cuts.min_body_lines, "shorter bodies are not asked for")->capture_default_str();
-  cx->add_option("--max-body-bytes", x->cuts.max_body_bytes, "nor longer ones")->capture_default_str();
-  cx->add_option("--include,-I", x->run.compile.include_dirs,
-                 "include directory of the held-out project, for the identifiers its headers declare (repeatable; "
-                 "each file's own directory is always searched for #include \"...\")");
+  add_tree_options(cx, x, "--cases-per-file", "target functions per file");
   cx->add_flag("--original", x->original,
                "score the original bodies instead of a model's (the measures on code as written)");
   add_source_options(cx, x);

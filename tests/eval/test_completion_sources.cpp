@@ -14,6 +14,7 @@
 #include <map>
 #include <thread>
 
+#include "data/data_test_util.h"
 #include "engine/engine_test_util.h"
 #include "eval/eval_test_util.h"
 #include "slm/data/detokenizer.h"
@@ -229,29 +230,20 @@ TEST_F(ServerSource, TheHarnessJudgesNSamplesPerProblemAndCountsTheSpecialists) 
   EXPECT_EQ(lines, 4);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST_F(ServerSource, RefusalsAndADeadServerGiveClearErrors) {
   auto spec_with = [](auto change) {
     auto s = server_spec(0);
     change(s);
     return s;
   };
-  std::string m = error_of([&] { ServerCompletions(spec_with([](ServerSpec& s) { s.model = "gamma"; })); });
+  std::string m = test::error_of([&] { ServerCompletions(spec_with([](ServerSpec& s) { s.model = "gamma"; })); });
   EXPECT_NE(m.find(url_ + ": the server has no model \"gamma\""), std::string::npos) << m;
   EXPECT_NE(m.find("alpha"), std::string::npos) << m;
-  m = error_of([&] { ServerCompletions(spec_with([](ServerSpec& s) { s.sampling.top_k = 40; })); });
+  m = test::error_of([&] { ServerCompletions(spec_with([](ServerSpec& s) { s.sampling.top_k = 40; })); });
   EXPECT_NE(m.find("--top-k"), std::string::npos) << m;
   // A 400 from the server: the prompt plus max_tokens past the model's context.
   ServerCompletions too_long(spec_with([](ServerSpec& s) { s.sampling.max_tokens = 5000; }));
-  m = error_of([&] { too_long.complete(toy_problems()[0], 1); });
+  m = test::error_of([&] { too_long.complete(toy_problems()[0], 1); });
   EXPECT_NE(m.find(url_ + "/v1/completions (toy_0, sample 0): HTTP 400: "), std::string::npos) << m;
   EXPECT_NE(m.find("exceeds the model's context"), std::string::npos) << m;
 
@@ -265,9 +257,9 @@ TEST_F(ServerSource, RefusalsAndADeadServerGiveClearErrors) {
   ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
   ::close(fd);
   const std::string dead = "http://127.0.0.1:" + std::to_string(ntohs(a.sin_port));
-  m = error_of([&] { ServerCompletions(spec_with([&](ServerSpec& s) { s.url = dead; })); });
+  m = test::error_of([&] { ServerCompletions(spec_with([&](ServerSpec& s) { s.url = dead; })); });
   EXPECT_NE(m.find(dead + ": no answer from the server"), std::string::npos) << m;
-  m = error_of([&] { ServerCompletions(spec_with([](ServerSpec& s) { s.url = "127.0.0.1:8000"; })); });
+  m = test::error_of([&] { ServerCompletions(spec_with([](ServerSpec& s) { s.url = "127.0.0.1:8000"; })); });
   EXPECT_NE(m.find("not a server URL"), std::string::npos) << m;
 }
 
@@ -304,13 +296,13 @@ TEST(ServerCompletionsRetry, A503IsRetriedAfterItsRetryAfterAndA500Fails) {
   EXPECT_EQ(source.complete(problem, 1), (std::vector<Completion>{{"  return 1;\n}", "beta"}}));
   EXPECT_GE(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(1900));  // two waits of 1 s
   problem.prompt = "broken";
-  const std::string m = error_of([&] { source.complete(problem, 1); });
+  const std::string m = test::error_of([&] { source.complete(problem, 1); });
   EXPECT_NE(m.find("HTTP 500: generation failed: out of memory"), std::string::npos) << m;
   posts = -100;  // busy from now on: the retries run out
   s.retries = 1;
   problem = toy_problems()[0];
   ServerCompletions impatient(s);
-  EXPECT_NE(error_of([&] { impatient.complete(problem, 1); }).find("HTTP 503: busy (still busy after 1 retries)"),
+  EXPECT_NE(test::error_of([&] { impatient.complete(problem, 1); }).find("HTTP 503: busy (still busy after 1 retries)"),
             std::string::npos);
   fake.stop();
   listener.join();

@@ -1,6 +1,7 @@
 // Reading MultiPL-E problem files and ready completions: the real file, and clear errors on bad input.
 #include <gtest/gtest.h>
 
+#include "data/data_test_util.h"
 #include "eval_test_util.h"
 #include "slm/eval/completions.h"
 #include "slm/eval/humaneval.h"
@@ -9,15 +10,6 @@ using namespace slm;
 using namespace slm::test;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
 
 const std::string kGood =
     R"({"name": "p1", "prompt": "#include <cstdio>\nint f() {\n", "tests": "}\nint main() { return f(); }\n", "stop_tokens": ["\n}"]})";

@@ -193,7 +193,8 @@ std::vector<int64_t> generate_speculative(model::HybridLM& model, const std::vec
     const auto verify = mask(model.prefill(torch::cat({t0.view({1, 1}), drafts}, 1), state).squeeze(0));  // [k+1, V]
     const auto guesses = drafts.squeeze(0).cpu();
     // Greedy: the main model's choices; sampling: its distributions, one row per judged position.
-    const auto judge = sampler.greedy() ? verify.argmax(-1).cpu() : sampler.probabilities(verify);
+    // On the host once, so judging reads no device value per draft.
+    const auto judge = (sampler.greedy() ? verify.argmax(-1) : sampler.probabilities(verify)).cpu();
     int64_t kept = 0;
     bool more = true;
     rejected = -1;
@@ -273,8 +274,7 @@ namespace {
 std::vector<int64_t> generate_over_text(model::HybridLM& model, const TextIds& t, GenerationOptions o, int64_t stop_id,
                                         TextOutput& out, const std::function<void(int64_t, const std::string&)>& seen,
                                         GenerationStats* stats) {
-  o.banned = torch::zeros({model.recipe().vocab_size}, torch::kBool);
-  for (int64_t id : t.banned) o.banned[id] = true;
+  o.banned = torch::zeros({model.recipe().vocab_size}, torch::kBool).index_fill_(0, torch::tensor(t.banned), true);
   o.stop_id = stop_id;
   return generate(
       model, t.prompt, o,
