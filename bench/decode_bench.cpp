@@ -1,5 +1,6 @@
 // Batch-1 decode speed of whole models, as a fraction of the memory roofline.
-//   decode_bench [--recipe R]... [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4 [--quantize-head]] [--prompt-tokens 128]
+//   decode_bench [--recipe R]... [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4 [--quantize-head]] [--prompt-tokens
+//   128]
 //                [--steps 64] [--batch 1] [--graph] [--moe-paths] [--profile]
 //   (default recipes: recipes/specialist-small.json and recipes/tiny-hybrid.json)
 // Random weights (N(0, 1/fan_in) for matrices, so no projection is the zero matrix a fresh model starts with); with
@@ -20,7 +21,6 @@
 // --moe-paths: instead, the routed experts of each recipe's MoE layer alone, model::loop_experts against
 // model::gathered_experts for 1..32 tokens (median of 50 calls each): the measurement behind gathered_experts_pay.
 #include <torch/torch.h>
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -34,9 +34,7 @@
 #include "random_weights.h"
 #include "slm/engine/graph_decoder.h"
 #include "slm/model/hybrid_lm.h"
-#include "slm/model/weights.h"
 #include "slm/quant/nvfp4_linear.h"
-#include "slm/quant/quantize_checkpoint.h"
 #include "slm/recipe/accounting.h"
 #include "slm/recipe/recipe.h"
 #include "slm/train/profile.h"
@@ -69,31 +67,9 @@ void sync(const torch::Device& device) {
   if (device.is_cuda()) torch::cuda::synchronize();
 }
 
-// The model the options describe, on its device. NVFP4: built in FP32 on the CPU, saved, quantized and loaded into a
-// model of the requested dtype and device.
 std::unique_ptr<slm::model::HybridLM> build(const slm::Recipe& recipe, const Options& o, const torch::Device& device) {
-  const auto dtype = o.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
-  const auto options = torch::TensorOptions().dtype(dtype).device(device);
-  if (!o.nvfp4) {
-    auto m = std::make_unique<slm::model::HybridLM>(recipe, options);
-    slm::bench::randomize(*m);
-    m->eval();
-    return m;
-  }
-  const std::string stem = "/tmp/decode_bench_" + std::to_string(getpid());
-  {
-    slm::model::HybridLM dense(recipe);
-    slm::bench::randomize(dense);
-    slm::model::save_weights(dense, stem + "_dense.safetensors");
-  }
-  slm::nvfp4::quantize_checkpoint(stem + "_dense.safetensors", stem + "_nvfp4.safetensors", recipe, {},
-                                   o.quantize_head);
-  ::unlink((stem + "_dense.safetensors").c_str());
-  auto m = std::make_unique<slm::model::HybridLM>(recipe, options);
-  slm::model::load_weights(*m, stem + "_nvfp4.safetensors");
-  ::unlink((stem + "_nvfp4.safetensors").c_str());
-  m->eval();
-  return m;
+  return slm::bench::random_model(recipe, o.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat, device, o.nvfp4,
+                                  o.quantize_head);
 }
 
 // Bytes of weights one decode step reads (see the header comment).
@@ -225,7 +201,8 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "cpu or cuda")->capture_default_str();
   app.add_option("--dtype", o.dtype, "fp32 or bf16: the model's parameters and activations")->capture_default_str();
   app.add_flag("--nvfp4", o.nvfp4, "quantize the quantizable matrices to NVFP4, as slm quantize does");
-  app.add_flag("--quantize-head", o.quantize_head, "with --nvfp4: the LM head in NVFP4 too (slm quantize --quantize-head)");
+  app.add_flag("--quantize-head", o.quantize_head,
+               "with --nvfp4: the LM head in NVFP4 too (slm quantize --quantize-head)");
   app.add_option("--prompt-tokens", o.prompt, "prompt length, prefilled in one call")->capture_default_str();
   app.add_option("--steps", o.steps, "timed decode steps")->capture_default_str();
   app.add_option("--batch", o.batch, "sequences decoded together")->capture_default_str();
@@ -250,7 +227,10 @@ int main(int argc, char** argv) {
     const double bandwidth = copy_bandwidth(device);
     std::printf(
         "device %s, %d intra-op threads, %s%s, batch %lld, prompt %lld, median of %lld steps after %d warm-up\n",
-        o.device.c_str(), torch::get_num_threads(), o.dtype.c_str(), !o.nvfp4 ? "" : o.quantize_head ? " + NVFP4 matrices and head" : " + NVFP4 matrices",
+        o.device.c_str(), torch::get_num_threads(), o.dtype.c_str(),
+        !o.nvfp4          ? ""
+        : o.quantize_head ? " + NVFP4 matrices and head"
+                          : " + NVFP4 matrices",
         static_cast<long long>(o.batch), static_cast<long long>(o.prompt), static_cast<long long>(o.steps), kWarmup);
     std::printf("copy bandwidth %.1f GB/s (read + written)\n", bandwidth / 1e9);
     if (o.nvfp4 && !device.is_cuda())

@@ -1,8 +1,9 @@
 // Aggregate generation speed of the engine with many clients at once: continuous batching against the
 // one-request-at-a-time engine, measured in the same run on the same model.
-//   engine_bench [--recipe R] [--device cpu|cuda] [--dtype fp32|bf16] [--requests 64] [--slots 64]
-//                [--prompt-tokens 128] [--max-tokens 128] [--serial-requests 4] [--no-graph]
-// Random weights (random_weights.h). Every request has its own random prompt and decodes greedily for exactly
+//   engine_bench [--recipe R] [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4 [--quantize-head]] [--requests 64]
+//                [--slots 64] [--prompt-tokens 128] [--max-tokens 128] [--serial-requests 4] [--no-graph]
+// Random weights (random_weights.h; --nvfp4: quantized as `slm quantize` does). Every request has its own random prompt
+// and decodes greedily for exactly
 // --max-tokens tokens (no stop ids). A run submits all its requests at once and ends when the last one is done;
 // tokens/s = generated tokens / wall time, which includes the prompts' prefill (time to first token is reported
 // apart). Each engine first serves the same wave with 8 new tokens per request, untimed, so CUDA graph captures and
@@ -38,7 +39,7 @@ struct Options {
   std::string device = "cpu";
   std::string dtype = "fp32";
   int64_t requests = 64, slots = 64, prompt = 128, max_tokens = 128, serial_requests = 4;
-  bool no_graph = false;
+  bool no_graph = false, nvfp4 = false, quantize_head = false;
 };
 
 struct Run {
@@ -113,18 +114,21 @@ int main(int argc, char** argv) {
   app.add_option("--serial-requests", o.serial_requests, "requests for the one-at-a-time engine (0: skip it)")
       ->capture_default_str();
   app.add_flag("--no-graph", o.no_graph, "decode eagerly on CUDA (no CUDA graphs)");
+  app.add_flag("--nvfp4", o.nvfp4, "quantize the quantizable matrices to NVFP4, as slm quantize does");
+  app.add_flag("--quantize-head", o.quantize_head, "with --nvfp4: the LM head in NVFP4 too");
   CLI11_PARSE(app, argc, argv);
   try {
     const auto recipe = slm::load_recipe(o.recipe);
     const auto device = slm::parse_device(o.device);
     const auto dtype = o.dtype == "bf16" ? torch::kBFloat16 : torch::kFloat;
-    auto model = std::make_shared<slm::model::HybridLM>(recipe, torch::TensorOptions().dtype(dtype).device(device));
-    slm::bench::randomize(*model);
-    model->eval();
+    std::shared_ptr<slm::model::HybridLM> model =
+        slm::bench::random_model(recipe, dtype, device, o.nvfp4, o.quantize_head);
     const int64_t context = o.prompt + std::max(o.max_tokens, kWarmupTokens);
-    std::printf("engine_bench: %s on %s (%s), %lld-token prompts, %lld new tokens each, %lld slots%s\n",
-                recipe.name.c_str(), o.device.c_str(), o.dtype.c_str(), static_cast<long long>(o.prompt),
-                static_cast<long long>(o.max_tokens), static_cast<long long>(o.slots), o.no_graph ? ", no graphs" : "");
+    std::printf("engine_bench: %s on %s (%s%s), %lld-token prompts, %lld new tokens each, %lld slots%s\n",
+                recipe.name.c_str(), o.device.c_str(), o.dtype.c_str(),
+                o.nvfp4 ? (o.quantize_head ? ", NVFP4 matrices and head" : ", NVFP4 matrices") : "",
+                static_cast<long long>(o.prompt), static_cast<long long>(o.max_tokens), static_cast<long long>(o.slots),
+                o.no_graph ? ", no graphs" : "");
     torch::manual_seed(2);
     slm::engine::DecodeEngineOptions eo;
     eo.max_queue = static_cast<size_t>(std::max(o.requests, o.serial_requests));

@@ -19,8 +19,7 @@
 namespace {
 
 using slm::bench::median_ms;
-using ExpertPath = torch::Tensor (*)(const torch::Tensor&, const slm::model::Routing&,
-                                     const slm::model::ExpertsImpl&);
+using ExpertPath = torch::Tensor (*)(const torch::Tensor&, const slm::model::Routing&, const slm::model::ExpertsImpl&);
 
 }  // namespace
 
@@ -54,8 +53,7 @@ int main(int argc, char** argv) {
               static_cast<long long>(d), static_cast<long long>(h), static_cast<long long>(tokens), reps);
   const double flops = 3.0 * 3.0 * 2.0 * tokens * k * d * h;
   auto time = [&](ExpertPath f) {
-    return median_ms([&] { torch::autograd::backward({f(u, moe->route_tokens(u), *moe->experts)}, {up}); }, reps,
-                     true);
+    return median_ms([&] { torch::autograd::backward({f(u, moe->route_tokens(u), *moe->experts)}, {up}); }, reps, true);
   };
   const double loop = time(slm::model::loop_experts), grouped = time(slm::model::grouped_experts);
   torch::Tensor a, b;

@@ -326,6 +326,35 @@ TEST(MoE, GatheredExpertsEqualTheLoopInFloat64) {
   }
 }
 
+// On the GPU a decode step's NVFP4 experts gather their matrices by id on the device: the per-expert loop's output
+// (the same NVFP4 kernel per expert) and, up to BF16 activations, the dense reference on the dequantized weights.
+TEST(MoE, CudaNvfp4ExpertsGatheredByIdEqualTheLoop) {
+  if (!nvfp4::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  const auto cuda = torch::TensorOptions().device(torch::kCUDA);
+  auto m = aligned_moe(cuda);
+  auto q13 = nvfp4::quantize(m->experts->w13.detach().cpu()), q2 = nvfp4::quantize(m->experts->w2.detach().cpu());
+  model::Experts dequantized(8, 32, 16, cuda);
+  {
+    torch::NoGradGuard no_grad;
+    dequantized->w13.copy_(nvfp4::dequantize(q13, torch::kFloat));
+    dequantized->w2.copy_(nvfp4::dequantize(q2, torch::kFloat));
+  }
+  m->experts->use_nvfp4("w13", q13, "w13");
+  m->experts->use_nvfp4("w2", q2, "w2");
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(15);
+  for (int64_t n : {1, 3, 40}) {
+    auto u = torch::randn({n, 32}, cuda);
+    auto routing = m->route_tokens(u);
+    auto gathered = model::nvfp4_gathered_experts(u, routing, *m->experts);
+    auto loop = model::loop_experts(u, routing, *m->experts);
+    auto ref = model::dense_experts_reference(u, routing, *dequantized);
+    EXPECT_LT(max_abs_diff(gathered.cpu(), loop.cpu()) / loop.abs().max().item<double>(), 1e-5) << n;
+    EXPECT_LT(max_abs_diff(gathered.cpu(), ref.cpu()) / ref.abs().max().item<double>(), 2e-2) << n;
+  }
+}
+
 TEST(MoE, Nvfp4ExpertsAreNeverGathered) {
   single_threaded();
   Fp32Nvfp4Kernel exact;  // the comparison below is to FP32 summation order

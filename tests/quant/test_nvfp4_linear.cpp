@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include "slm/quant/nvfp4.h"
 #include "slm/quant/nvfp4_linear.h"
@@ -38,7 +40,8 @@ void expect_matches_reference(const torch::Tensor& x, const nv::QTensor& w, cons
 TEST(Nvfp4Linear, CpuMatchesDequantizeThenMatmulOnRandomShapes) {
   for (auto kernel : {nv::CpuKernel::Avx512Bf16, nv::CpuKernel::Avx2, nv::CpuKernel::Portable}) {
     if (!nv::cpu_kernel_available(kernel)) {
-      std::printf("[  NOTE    ] the %s kernel does not run on this CPU: not tested here\n", nv::cpu_kernel_name(kernel));
+      std::printf("[  NOTE    ] the %s kernel does not run on this CPU: not tested here\n",
+                  nv::cpu_kernel_name(kernel));
       continue;
     }
     SCOPED_TRACE(nv::cpu_kernel_name(kernel));
@@ -49,9 +52,9 @@ TEST(Nvfp4Linear, CpuMatchesDequantizeThenMatmulOnRandomShapes) {
       int64_t M, N, K;
     };
     // K of 1 to 43 blocks: odd and even block counts, one or many 64-element steps, a ragged last block.
-    std::vector<Case> cases = {{1, 1, 1},    {1, 7, 16},   {2, 33, 37},  {3, 64, 64},   {4, 17, 100},
-                               {5, 40, 250}, {8, 129, 48}, {13, 9, 513}, {16, 96, 160}, {21, 31, 77},
-                               {1, 300, 688}, {1, 5, 32},  {2, 3, 96}};
+    std::vector<Case> cases = {{1, 1, 1},     {1, 7, 16},   {2, 33, 37},  {3, 64, 64},   {4, 17, 100},
+                               {5, 40, 250},  {8, 129, 48}, {13, 9, 513}, {16, 96, 160}, {21, 31, 77},
+                               {1, 300, 688}, {1, 5, 32},   {2, 3, 96}};
     for (const auto& c : cases) {
       SCOPED_TRACE(::testing::Message() << "M " << c.M << " N " << c.N << " K " << c.K);
       torch::Tensor wf = torch::randn({c.N, c.K}) * torch::exp(torch::randn({c.N, c.K}));
@@ -62,7 +65,8 @@ TEST(Nvfp4Linear, CpuMatchesDequantizeThenMatmulOnRandomShapes) {
       expect_matches_reference(bf16_x ? x.to(torch::kBFloat16) : x, w, y);
     }
     // Block scales across the E4M3 range, subnormal ones included, in one row: a wrong scale decode shows.
-    torch::Tensor wf = torch::randn({4, 256}) * torch::pow(2.0, torch::arange(-16, 0).repeat_interleave(16)).view({1, 256});
+    torch::Tensor wf =
+        torch::randn({4, 256}) * torch::pow(2.0, torch::arange(-16, 0).repeat_interleave(16)).view({1, 256});
     wf[1] *= -1;
     nv::QTensor w = nv::quantize(wf);
     torch::Tensor x = torch::randn({3, 256});
@@ -128,6 +132,46 @@ TEST(Nvfp4LinearCuda, MatchesDequantizeThenMatmul) {
     for (int e = 0; e < 3; ++e)
       expect_matches_reference(x, experts.matrix(e).to(torch::kCPU), nv::linear(x.to(torch::kCUDA), experts.matrix(e)));
   }
+}
+
+// The routed experts' gathered GEMV: each assignment a against its own expert's dequantized matrix and x row a / x_div,
+// in float64. Stacks whose matrices start 16-byte aligned (the 16-byte loads) and ones that do not (N * blocks odd),
+// matrices scaled apart so that a wrong tensor scale shows, more assignments than the 264-CTA configuration switch.
+TEST(Nvfp4LinearCuda, GatheredExpertsMatchEachAssignmentsMatrix) {
+  if (!nv::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(25);
+  struct Case {
+    int64_t E, N, K, rows, x_div;
+  };
+  for (const Case c : std::vector<Case>{{16, 192, 384, 1, 2},
+                                        {16, 384, 96, 2, 1},
+                                        {5, 33, 37, 3, 2},
+                                        {3, 7, 48, 70, 1},
+                                        {8, 1000, 160, 64, 2},
+                                        {4, 130, 4112, 1, 4}}) {
+    SCOPED_TRACE(::testing::Message() << "E " << c.E << " N " << c.N << " K " << c.K << " rows " << c.rows);
+    auto magnitudes = torch::exp(torch::randn({c.E, 1, 1}) * 3);
+    nv::QTensor w = nv::quantize((torch::randn({c.E, c.N, c.K}) * magnitudes).to(torch::kBFloat16));
+    torch::Tensor x = torch::randn({c.rows, c.K}).to(torch::kBFloat16);
+    torch::Tensor ids = torch::randint(0, c.E, {c.rows * c.x_div}, torch::kLong);
+    torch::Tensor y = nv::gathered_linear_cuda(x.cuda(), w.to(torch::kCUDA), ids.cuda(), c.x_div);
+    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{c.rows * c.x_div, c.N}));
+    torch::Tensor wd = nv::dequantize(w, torch::kDouble);
+    auto id = ids.accessor<int64_t, 1>();
+    for (int64_t a = 0; a < ids.size(0); ++a) {
+      torch::Tensor xa = x[a / c.x_div].to(torch::kDouble), we = wd[id[a]];
+      torch::Tensor ref = torch::mv(we, xa), mag = torch::mv(we.abs(), xa.abs());
+      torch::Tensor err = (y[a].cpu().to(torch::kDouble) - ref).abs();
+      ASSERT_TRUE((err <= mag * (4e-7 * std::sqrt(static_cast<double>(c.K)) + 1e-6) + 1e-30).all().item<bool>())
+          << "assignment " << a << " (expert " << id[a] << "): max error " << err.max().item<double>();
+    }
+  }
+  nv::QTensor w = nv::quantize(torch::randn({4, 8, 32})).to(torch::kCUDA);
+  auto x = torch::randn({2, 32}, torch::kCUDA);
+  EXPECT_THROW(nv::gathered_linear_cuda(x, w, torch::zeros({5}, torch::kLong).cuda(), 2), slm::Error);  // 3 rows
+  EXPECT_THROW(nv::gathered_linear_cuda(x, w, torch::zeros({2}, torch::kInt).cuda(), 1), slm::Error);
+  EXPECT_THROW(nv::gathered_linear_cuda(x, w.matrix(0), torch::zeros({2}, torch::kLong).cuda(), 1), slm::Error);
 }
 
 TEST(Nvfp4LinearCuda, DequantizeOnTheGpuEqualsTheCpuDecode) {

@@ -35,8 +35,8 @@ std::string graph_decode_blocker(const model::HybridLM& m, const model::DecodeSt
     }
   }
   for (auto* moe : m.moe_modules())
-    if (!moe->experts->q13.empty() || !moe->experts->q2.empty())
-      return "NVFP4 routed experts run per expert, counting on the host";
+    if (moe->experts->nvfp4() && !(moe->experts->q13_stacked && moe->experts->q2_stacked))
+      return "routed experts with one projection in NVFP4 run per expert, counting on the host";
   return "";
 #endif
 }

@@ -459,4 +459,47 @@ torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
 #endif
 }
 
+torch::Tensor gathered_linear_cuda(const torch::Tensor& x_in, const QTensor& w, const torch::Tensor& ids,
+                                   int64_t x_div) {
+#ifndef SLM_WITH_CUDA
+  (void)x_in;
+  (void)w;
+  (void)ids;
+  (void)x_div;
+  throw Error("nvfp4 gathered_linear_cuda: this build has no CUDA kernels (configure with -DSLM_CUDA=ON)");
+#else
+  if (x_in.dim() != 2) throw Error("nvfp4 gathered_linear_cuda: x must be [rows, K]");
+  if (w.shape.size() != 3 || w.k() != x_in.size(1))
+    throw Error("nvfp4 gathered_linear_cuda: the weight must be a stack [E, N, K] with K = " +
+                std::to_string(x_in.size(1)));
+  if (ids.dim() != 1 || ids.scalar_type() != torch::kLong)
+    throw Error("nvfp4 gathered_linear_cuda: ids must be a 1-D int64 tensor");
+  if (x_div < 1 || ids.size(0) > x_in.size(0) * x_div)
+    throw Error("nvfp4 gathered_linear_cuda: " + std::to_string(ids.size(0)) + " assignments need " +
+                std::to_string((ids.size(0) + x_div - 1) / x_div) + " rows of x, it has " +
+                std::to_string(x_in.size(0)));
+  validate(w, "nvfp4 gathered_linear_cuda weight", false);
+  if (!x_in.is_cuda() || x_in.device() != w.codes.device() || ids.device() != x_in.device())
+    throw Error("nvfp4 gathered_linear_cuda: x, ids and the weight must be on the same CUDA device");
+  const int64_t N = w.shape[1], kp = w.k_padded();
+  torch::Tensor x = x_in.to(torch::kBFloat16);
+  if (kp != x.size(1)) x = torch::constant_pad_nd(x, {0, kp - x.size(1)}, 0.0);
+  x = x.contiguous();
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
+  torch::Tensor codes = w.codes;
+  if (reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 != 0) codes = codes.clone();
+  const torch::Tensor id = ids.contiguous();
+  torch::Tensor y = torch::empty({id.size(0), N}, x.options().dtype(torch::kFloat));
+  void* stream = nullptr;
+#ifdef SLM_HAVE_C10_CUDA
+  stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
+#endif
+  std::string err = cuda::gemv_gathered(
+      codes.data_ptr<uint8_t>(), w.scales.data_ptr<uint8_t>(), w.tensor_scale.data_ptr<float>(), x.data_ptr(),
+      y.data_ptr<float>(), id.data_ptr<int64_t>(), id.size(0), x_div, w.shape[0], N, w.blocks_per_row(), stream);
+  if (!err.empty()) throw Error("nvfp4 gathered_linear_cuda: " + err);
+  return y;
+#endif
+}
+
 }  // namespace slm::nvfp4

@@ -15,6 +15,11 @@ namespace slm::nvfp4 {
 // w: a 2-D QTensor [N, K] (use QTensor::matrix(i) for one expert of a stacked tensor), on x's device.
 torch::Tensor linear(const torch::Tensor& x, const QTensor& w);
 
+// Routed experts on the GPU: y[a] = x[a / x_div] · W[ids[a]]^T for every assignment a, W a stacked QTensor
+// [E, N, K] on x's CUDA device, ids int64 [A] on that device, x [rows, K]; FP32 [A, N]. One kernel launch that
+// reads the ids on the device (no host sync, so CUDA graphs can capture it). Throws slm::Error without CUDA.
+torch::Tensor gathered_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& ids, int64_t x_div);
+
 // The kernels behind linear(), exposed for tests and benchmarks. x2: [M, K] on the kernel's device.
 torch::Tensor linear_cpu(const torch::Tensor& x2, const QTensor& w);
 // Throws slm::Error when the build has no CUDA kernels.

@@ -4,6 +4,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
+#include "slm/quant/nvfp4_linear.h"
 #include "slm/util/error.h"
 
 #ifdef SLM_WITH_CUDA
@@ -22,6 +23,9 @@ torch::ScalarType router_dtype(const torch::Tensor& u) {
 // reads the counts on the host and launches per expert. On the GPU the host read stalls the stream (and rules out
 // CUDA graphs), so a decode step of up to this many assignments gathers.
 constexpr int64_t kMaxGatheredAssignments = 8;
+// NVFP4 experts are gathered up to the engine's largest decode batch (64 rows) at top-2; past it (prefill) the loop
+// reads each expert once. Not measured in between.
+constexpr int64_t kMaxGatheredNvfp4Assignments = 128;
 }  // namespace
 
 Routing route(const torch::Tensor& router_logits, const torch::Tensor& bias, int64_t k, double scaling_factor) {
@@ -114,7 +118,7 @@ bool capturing(const torch::Tensor& u) {
 }
 
 bool use_grouped(const torch::Tensor& u, const ExpertsImpl& experts) {
-  if (!u.is_cuda() || !experts.q13.empty() || !experts.q2.empty()) return false;
+  if (!u.is_cuda() || experts.nvfp4()) return false;
   const bool autocast_bf16 =
       at::autocast::is_autocast_enabled(at::kCUDA) && at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16;
   const bool bf16 = u.scalar_type() == torch::kBFloat16 || (autocast_bf16 && u.scalar_type() == torch::kFloat);
@@ -236,7 +240,7 @@ torch::Tensor parallel_experts(const torch::Tensor& u, const Routing& routing, c
 }
 
 torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
-  if (!experts.q13.empty() || !experts.q2.empty())
+  if (experts.nvfp4())
     throw Error("gathered_experts: the experts run NVFP4 weights, which bmm cannot read (use loop_experts)");
   const int64_t n = u.size(0), d = u.size(1), k = routing.experts.size(1);
   auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
@@ -247,16 +251,30 @@ torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, c
   return (y * routing.weights.to(y.scalar_type()).unsqueeze(-1)).sum(1);
 }
 
+torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
+  if (!experts.q13_stacked || !experts.q2_stacked)
+    throw Error("nvfp4_gathered_experts: both expert projections must run NVFP4 weights");
+  const int64_t n = u.size(0), d = u.size(1), k = routing.experts.size(1);
+  auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
+  // In u's dtype between the projections and after, as the per-expert loop's nvfp4 linears return it.
+  auto h = nvfp4::gathered_linear_cuda(u, *experts.q13_stacked, ids, k).to(u.scalar_type());
+  auto y = nvfp4::gathered_linear_cuda(swiglu_activation(h), *experts.q2_stacked, ids, 1).to(u.scalar_type());
+  return (y.view({n, k, d}) * routing.weights.to(y.scalar_type()).unsqueeze(-1)).sum(1);
+}
+
 bool gathered_experts_pay(const torch::Tensor& u, int64_t k, const ExpertsImpl& experts) {
   // On the CPU the counts are read for free and the copy costs more than the loop's per-expert calls, 0.75x at one
   // token of specialist-small (decode_bench --moe-paths, bench/RESULTS.md).
-  if (!u.is_cuda() || !experts.q13.empty() || !experts.q2.empty()) return false;
+  if (!u.is_cuda() || experts.nvfp4()) return false;
   // A stream being captured into a CUDA graph cannot read the counts back; the grouped GEMMs do not need them.
   if (capturing(u) && !use_grouped(u, experts)) return true;
   return u.size(0) * k <= kMaxGatheredAssignments;
 }
 
 torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
+  if (experts.q13_stacked && experts.q2_stacked && u.is_cuda() &&
+      (capturing(u) || u.size(0) * routing.experts.size(1) <= kMaxGatheredNvfp4Assignments))
+    return nvfp4_gathered_experts(u, routing, experts);
   if (gathered_experts_pay(u, routing.experts.size(1), experts)) return gathered_experts(u, routing, experts);
   return use_grouped(u, experts) ? grouped_experts(u, routing, experts) : loop_experts(u, routing, experts);
 }
@@ -300,7 +318,7 @@ void ExpertsImpl::keep_experts(int64_t first, int64_t count) {
   if (first < 0 || count < 1 || first + count > num_experts_)
     throw Error("keep_experts: experts [" + std::to_string(first) + ", " + std::to_string(first + count) +
                 ") are not within the " + std::to_string(num_experts_) + " held");
-  if (!q13.empty() || !q2.empty()) throw Error("keep_experts: the experts run NVFP4 weights (inference only)");
+  if (nvfp4()) throw Error("keep_experts: the experts run NVFP4 weights (inference only)");
   torch::NoGradGuard no_grad;
   // set_data keeps the registered parameter tensors (their identity) and swaps in the share, freeing the rest.
   w13.set_data(w13.narrow(0, first, count).clone());
@@ -322,6 +340,7 @@ void ExpertsImpl::use_nvfp4(const std::string& which, nvfp4::QTensor q, const st
   nvfp4::QTensor stacked = replace_by_nvfp4(w, std::move(q), name);
   per_expert.clear();
   for (int64_t e = 0; e < num_experts_; ++e) per_expert.push_back(stacked.matrix(e));
+  (which == "w13" ? q13_stacked : q2_stacked) = std::move(stacked);
 }
 
 MoEImpl::MoEImpl(const Recipe& r, const torch::TensorOptions& options)

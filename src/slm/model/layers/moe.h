@@ -3,6 +3,7 @@
 // always-on shared expert(s); sigmoid affinities in fp32; the balancing bias changes selection only;
 // dropless sort-by-expert dispatch.
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "slm/model/layer.h"
@@ -38,8 +39,9 @@ class ExpertGroup {
 
 // Routed-expert output for u [N, D]: assignments sorted by expert (dropless), each expert run on its
 // contiguous slice, scaled by its gate and summed back per token. On CUDA with dense weights:
-// gathered_experts for a decode step's few assignments (gathered_experts_pay), grouped_experts in BF16; loop_experts
-// otherwise (fp32/fp64 prefill and training on CUDA, the CPU, NVFP4 expert weights).
+// gathered_experts for a decode step's few assignments (gathered_experts_pay), grouped_experts in BF16; NVFP4 experts
+// on CUDA: nvfp4_gathered_experts for decode steps; loop_experts otherwise (fp32/fp64 prefill and training on CUDA,
+// the CPU, NVFP4 prefill).
 torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
 
 // Each of the N*k assignments gathers its expert's weights from the stacked tensors (index_select) and all run as
@@ -50,6 +52,12 @@ torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, c
 // Whether dispatch_experts takes gathered_experts for u [N, D] with k experts per token: dense weights on CUDA and
 // N*k <= 8 (the CPU measurements behind leaving the CPU out: bench/RESULTS.md, "Batch-1 decode").
 bool gathered_experts_pay(const torch::Tensor& u, int64_t k, const ExpertsImpl& experts);
+
+// NVFP4 experts (both projections) on the GPU: one gathered NVFP4 GEMV per projection (nvfp4::gathered_linear_cuda)
+// reads each assignment's expert in place by the ids on the device; no sort, no host sync, so a CUDA graph captures it.
+// Each assignment reads its expert's weights, so it is for decode-sized N (dispatch_experts takes it for up to 128
+// assignments, and always under capture).
+torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
 
 // One matmul pair per expert that received tokens; reads the per-expert counts on the host (a sync).
 torch::Tensor loop_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
@@ -97,8 +105,13 @@ class ExpertsImpl : public torch::nn::Module {
   // Inference on an NVFP4 checkpoint, as LinearImpl::use_nvfp4: which is "w13" or "w2", q its stacked tensor.
   void use_nvfp4(const std::string& which, nvfp4::QTensor q, const std::string& name);
 
+  // Whether the experts run NVFP4 weights (use_nvfp4 ran for either projection).
+  bool nvfp4() const { return q13_stacked.has_value() || q2_stacked.has_value(); }
+
   torch::Tensor w13, w2;
   std::vector<nvfp4::QTensor> q13, q2;  // one [out, in] matrix per expert when NVFP4, else empty
+  // The same NVFP4 weights as one stack [E, out, in] (shared storage): the GPU's gathered path indexes it by id.
+  std::optional<nvfp4::QTensor> q13_stacked, q2_stacked;
 
  private:
   int64_t num_experts_;

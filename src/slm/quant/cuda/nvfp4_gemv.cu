@@ -106,11 +106,19 @@ struct Batch {
 // MT: n8 tiles of the batch (1 for M <= 8, 2 for M <= 16). CB: blocks per chunk (2: 16-byte loads, 1: 8-byte).
 // S: warps per CTA. XS: the activations are staged in shared memory, already in the mma's k order (when they fit).
 // U: steps per batch. PDL: programmatic dependent launch (the weights are read while the previous kernel runs).
+// Gathered (routed experts): with `gather.ids` set, CTA row blockIdx.y is assignment a, which multiplies row
+// a / gather.x_div of x by matrix ids[a] of a stack of gather.experts matrices [N, K] and writes row a of y (M = 1).
+struct Gather {
+  const int64_t* ids = nullptr;  // [assignments] on the device; nullptr: the plain GEMV
+  int64_t x_div = 1;
+  int64_t experts = 1;
+};
+
 template <int CB, int MT, int S, bool XS, int U, bool PDL>
 __global__ void __launch_bounds__(S * 32)
     nvfp4_gemv_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
                       const float* __restrict__ tensor_scale, const __nv_bfloat16* __restrict__ x,
-                      float* __restrict__ y, int M, int64_t N, int64_t blocks) {
+                      float* __restrict__ y, int M, int64_t N, int64_t blocks, Gather gather) {
   __shared__ uint32_t scale_lut[256];       // E4M3 byte -> BF16x2 (scale * 2^118, twice)
   __shared__ float partial[S][16][8 * MT];  // [warp][row][batch]
   extern __shared__ uint4 xs[];             // XS: [m][k / 8] BF16 pairs (k, k + 4) .. (k + 3, k + 7)
@@ -118,6 +126,16 @@ __global__ void __launch_bounds__(S * 32)
   const int g = lane >> 2, t = lane & 3;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
   const int64_t row_bytes = blocks * 8, ldx = blocks * 16;
+  if (gather.ids != nullptr) {
+    // The ids come from the router's top-k; the clamp keeps a bad one inside the stack instead of reading past it.
+    const int64_t a = blockIdx.y;
+    const int64_t e = min(max(gather.ids[a], int64_t{0}), gather.experts - 1);
+    codes += e * N * row_bytes;
+    scales += e * N * blocks;
+    tensor_scale += e;
+    x += (a / gather.x_div) * ldx;
+    y += a * N;
+  }
   const int groups = static_cast<int>(blocks * 2), ldxs = groups + 1;
   const int64_t chunks = blocks / CB, slabs = (chunks + 3) / 4;  // slab: the 4 chunks of one warp step
   const uint8_t* crow[2];
@@ -238,9 +256,10 @@ __global__ void __launch_bounds__(S * 32)
 
 template <int CB, int MT, int S, bool XS, int U, bool PDL>
 cudaError_t launch_kernel(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
-                          float* y, int64_t N, int64_t blocks, size_t smem, cudaStream_t stream) {
+                          float* y, int64_t N, int64_t blocks, size_t smem, cudaStream_t stream, Gather gather,
+                          unsigned assignments) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((N + 15) / 16));
+  cfg.gridDim = dim3(static_cast<unsigned>((N + 15) / 16), assignments);
   cfg.blockDim = dim3(S * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -249,7 +268,8 @@ cudaError_t launch_kernel(int M, const uint8_t* codes, const uint8_t* scales, co
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = PDL ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel<CB, MT, S, XS, U, PDL>, codes, scales, ts, x, y, M, N, blocks);
+  return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel<CB, MT, S, XS, U, PDL>, codes, scales, ts, x, y, M, N, blocks,
+                            gather);
 }
 
 // Configurations measured on an H200 (bench/nvfp4_gemv_variants.cu, bench/RESULTS.md). XS: staging pays for one or
@@ -257,27 +277,37 @@ cudaError_t launch_kernel(int M, const uint8_t* codes, const uint8_t* scales, co
 // the static arrays (no opt-in needed).
 template <int CB, int MT, int S, int U, bool PDL>
 cudaError_t launch3(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
-                    float* y, int64_t N, int64_t blocks, cudaStream_t stream) {
+                    float* y, int64_t N, int64_t blocks, cudaStream_t stream, Gather gather, unsigned assignments) {
   const size_t static_bytes = 256 * 4 + S * 16 * 8 * MT * 4;
   const size_t staged = static_cast<size_t>(M) * (blocks * 2 + 1) * 16;
   if (M <= 2 && staged + static_bytes <= 48 * 1024)
-    return launch_kernel<CB, MT, S, true, U, PDL>(M, codes, scales, ts, x, y, N, blocks, staged, stream);
-  return launch_kernel<CB, MT, S, false, U, PDL>(M, codes, scales, ts, x, y, N, blocks, 0, stream);
+    return launch_kernel<CB, MT, S, true, U, PDL>(M, codes, scales, ts, x, y, N, blocks, staged, stream, gather,
+                                                  assignments);
+  return launch_kernel<CB, MT, S, false, U, PDL>(M, codes, scales, ts, x, y, N, blocks, 0, stream, gather, assignments);
 }
 
 template <int CB, bool PDL>
 cudaError_t launch(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
-                   float* y, int64_t N, int64_t blocks, cudaStream_t stream) {
+                   float* y, int64_t N, int64_t blocks, cudaStream_t stream, Gather gather = {},
+                   unsigned assignments = 1) {
   // Up to two row tiles per SM (132 SMs on an H200): a 16-warp K split keeps about 32 warps per SM busy. More
-  // tiles: 8 warps per CTA, with 4 steps per batch for one or two rows.
-  const bool few_tiles = (N + 15) / 16 <= 264;
+  // tiles: 8 warps per CTA, with 4 steps per batch for one or two rows. A gathered launch has a row of tiles per
+  // assignment.
+  const bool few_tiles = (N + 15) / 16 * assignments <= 264;
   if (M <= 8) {
-    if (few_tiles) return launch3<CB, 1, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream);
-    return M <= 2 ? launch3<CB, 1, 8, 4, PDL>(M, codes, scales, ts, x, y, N, blocks, stream)
-                  : launch3<CB, 1, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream);
+    if (few_tiles)
+      return launch3<CB, 1, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, assignments);
+    return M <= 2 ? launch3<CB, 1, 8, 4, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, assignments)
+                  : launch3<CB, 1, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, assignments);
   }
-  return few_tiles ? launch3<CB, 2, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream)
-                   : launch3<CB, 2, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream);
+  return few_tiles ? launch3<CB, 2, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, assignments)
+                   : launch3<CB, 2, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, assignments);
+}
+
+// 16-byte code loads need an even number of blocks per row and aligned codes and scales.
+bool vec16_loads(const uint8_t* codes, const uint8_t* scales, int64_t blocks) {
+  return blocks % 2 == 0 && reinterpret_cast<uintptr_t>(codes) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(scales) % 2 == 0;
 }
 
 }  // namespace
@@ -288,8 +318,7 @@ std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tenso
   if (reinterpret_cast<uintptr_t>(codes) % 8 != 0) return "codes pointer is not 8-byte aligned";
   if (reinterpret_cast<uintptr_t>(x_in) % 16 != 0) return "activation pointer is not 16-byte aligned";
   if ((N + 15) / 16 > 0x7FFFFFFF) return "N too large";
-  const bool vec16 =
-      blocks % 2 == 0 && reinterpret_cast<uintptr_t>(codes) % 16 == 0 && reinterpret_cast<uintptr_t>(scales) % 2 == 0;
+  const bool vec16 = vec16_loads(codes, scales, blocks);
   auto stream = static_cast<cudaStream_t>(stream_in);
   const auto* x = static_cast<const __nv_bfloat16*>(x_in);
   const int64_t ldx = blocks * 16;
@@ -305,6 +334,27 @@ std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tenso
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   return "";
+}
+
+std::string gemv_gathered(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x_in,
+                          float* y, const int64_t* ids, int64_t assignments, int64_t x_div, int64_t experts, int64_t N,
+                          int64_t blocks, void* stream_in) {
+  if (assignments <= 0 || N <= 0) return "";
+  if (reinterpret_cast<uintptr_t>(codes) % 8 != 0) return "codes pointer is not 8-byte aligned";
+  if (reinterpret_cast<uintptr_t>(x_in) % 16 != 0) return "activation pointer is not 16-byte aligned";
+  if (assignments > 65535) return "more than 65535 assignments in one launch";
+  if (x_div < 1 || experts < 1) return "x_div and experts must be positive";
+  if ((N + 15) / 16 > 0x7FFFFFFF) return "N too large";
+  // Every matrix of the stack starts at a multiple of N rows: aligned like the first when N * row_bytes keeps it so.
+  const bool vec16 = vec16_loads(codes, scales, blocks) && (N * blocks * 8) % 16 == 0 && (N * blocks) % 2 == 0;
+  const Gather gather{ids, x_div, experts};
+  auto stream = static_cast<cudaStream_t>(stream_in);
+  const auto* x = static_cast<const __nv_bfloat16*>(x_in);
+  const auto a = static_cast<unsigned>(assignments);
+  // No programmatic dependent launch: the ids, read first, come from the kernel just before.
+  const cudaError_t err = vec16 ? launch<2, false>(1, codes, scales, tensor_scale, x, y, N, blocks, stream, gather, a)
+                                : launch<1, false>(1, codes, scales, tensor_scale, x, y, N, blocks, stream, gather, a);
+  return err == cudaSuccess ? "" : cudaGetErrorString(err);
 }
 
 }  // namespace slm::nvfp4::cuda

@@ -18,4 +18,12 @@ namespace slm::nvfp4::cuda {
 std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x, float* y,
                  int64_t M, int64_t N, int64_t blocks, void* stream, bool pdl);
 
+// Routed experts: for each assignment a < assignments, y[a, :] = W[ids[a]] x[a / x_div, :], where W is a stack of
+// `experts` matrices [N, K] laid out as in gemv (codes [experts * N, row_bytes], scales [experts * N, blocks],
+// tensor_scale [experts]) and ids int64 on the device (read by the kernel: the host never sees them). x rows as in
+// gemv, y [assignments, N] float. One launch; no programmatic dependent launch.
+std::string gemv_gathered(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x,
+                          float* y, const int64_t* ids, int64_t assignments, int64_t x_div, int64_t experts, int64_t N,
+                          int64_t blocks, void* stream);
+
 }  // namespace slm::nvfp4::cuda
