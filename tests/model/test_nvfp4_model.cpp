@@ -202,11 +202,21 @@ TEST(Nvfp4Model, CudaGraphDecodeEqualsTheForward) {
   auto full = m.forward(tokens.cuda()).logits.cpu();
   auto ref = dequantized_reference(/*head=*/true)->forward(tokens).logits;
   EXPECT_LT(((full - ref).norm() / ref.norm()).item<double>(), 0.05);
-  auto state = m.new_state(2, 64);
+  auto state = m.new_state(2, 64), eager = m.new_state(2, 64);
   m.prefill(tokens.narrow(1, 0, 12).cuda(), state);
+  m.prefill(tokens.narrow(1, 0, 12).cuda(), eager);
   engine::GraphDecoder graph(m, state);
-  for (int64_t t = 12; t < 60; ++t)
-    ASSERT_LT(rel_max_diff(graph.step(tokens.select(1, t).cuda()).cpu(), full.select(1, t)), 1e-3) << "position " << t;
+  double worst = 0;
+  for (int64_t t = 12; t < 60; ++t) {
+    auto step = graph.step(tokens.select(1, t).cuda()).cpu();
+    ASSERT_LT(rel_max_diff(step, m.decode(tokens.select(1, t).cuda(), eager).cpu()), 1e-6) << "position " << t;
+    // The forward's BF16 GEMMs round the same activations as the decode's GEMVs, but inputs that differ in the last
+    // FP32 bits (other scan and attention kernels) can round to neighbouring BF16 values: L2, not bits.
+    const auto ref_t = full.select(1, t);
+    worst = std::max(worst, ((step - ref_t).norm() / ref_t.norm()).item<double>());
+  }
+  std::cout << "[nvfp4 cuda graph decode vs forward] worst rel L2 " << worst << "\n";
+  EXPECT_LT(worst, 0.02);
 }
 
 TEST(Nvfp4Model, GenerateRunsTheNvfp4Checkpoint) {
