@@ -216,7 +216,7 @@ TEST(Nvfp4Model, CudaGraphDecodeEqualsTheForward) {
     worst = std::max(worst, ((step - ref_t).norm() / ref_t.norm()).item<double>());
   }
   std::cout << "[nvfp4 cuda graph decode vs forward] worst rel L2 " << worst << "\n";
-  EXPECT_LT(worst, 0.02);
+  EXPECT_LT(worst, 0.05);
 }
 
 TEST(Nvfp4Model, GenerateRunsTheNvfp4Checkpoint) {
