@@ -134,9 +134,10 @@ TEST(Nvfp4LinearCuda, MatchesDequantizeThenMatmul) {
   }
 }
 
-// The routed experts' gathered GEMV: each assignment a against its own expert's dequantized matrix and x row a / x_div,
-// in float64. Stacks whose matrices start 16-byte aligned (the 16-byte loads) and ones that do not (N * blocks odd),
-// matrices scaled apart so that a wrong tensor scale shows, more assignments than the 264-CTA configuration switch.
+// The routed experts' GEMVs, gathered and grouped: each assignment a against its own expert's dequantized matrix and x
+// row a / x_div, in float64. Stacks whose matrices start 16-byte aligned (the 16-byte loads) and ones that do not
+// (N * blocks odd), matrices scaled apart so that a wrong tensor scale shows, more assignments than the 264-CTA
+// configuration switch, experts with no rows and ones with more than one 16-row chunk.
 TEST(Nvfp4LinearCuda, GatheredExpertsMatchEachAssignmentsMatrix) {
   if (!nv::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
@@ -155,16 +156,26 @@ TEST(Nvfp4LinearCuda, GatheredExpertsMatchEachAssignmentsMatrix) {
     nv::QTensor w = nv::quantize((torch::randn({c.E, c.N, c.K}) * magnitudes).to(torch::kBFloat16));
     torch::Tensor x = torch::randn({c.rows, c.K}).to(torch::kBFloat16);
     torch::Tensor ids = torch::randint(0, c.E, {c.rows * c.x_div}, torch::kLong);
-    torch::Tensor y = nv::gathered_linear_cuda(x.cuda(), w.to(torch::kCUDA), ids.cuda(), c.x_div);
-    ASSERT_EQ(y.sizes(), (std::vector<int64_t>{c.rows * c.x_div, c.N}));
+    // The grouped form takes the assignments sorted by expert and each run's end (computed here on the host).
+    torch::Tensor order = std::get<1>(torch::sort(ids, /*stable=*/true, 0, false));
+    torch::Tensor ends = torch::zeros({c.E}, torch::kLong).scatter_add_(0, ids, torch::ones_like(ids)).cumsum(0);
+    const auto wc = w.to(torch::kCUDA);
+    const torch::Tensor ys[] = {
+        nv::gathered_linear_cuda(x.cuda(), wc, ids.cuda(), c.x_div),
+        nv::grouped_linear_cuda(x.cuda(), wc, order.cuda(), ends.to(torch::kInt).cuda(), c.x_div)};
     torch::Tensor wd = nv::dequantize(w, torch::kDouble);
     auto id = ids.accessor<int64_t, 1>();
-    for (int64_t a = 0; a < ids.size(0); ++a) {
-      torch::Tensor xa = x[a / c.x_div].to(torch::kDouble), we = wd[id[a]];
-      torch::Tensor ref = torch::mv(we, xa), mag = torch::mv(we.abs(), xa.abs());
-      torch::Tensor err = (y[a].cpu().to(torch::kDouble) - ref).abs();
-      ASSERT_TRUE((err <= mag * (4e-7 * std::sqrt(static_cast<double>(c.K)) + 1e-6) + 1e-30).all().item<bool>())
-          << "assignment " << a << " (expert " << id[a] << "): max error " << err.max().item<double>();
+    for (int form = 0; form < 2; ++form) {
+      const auto& y = ys[form];
+      ASSERT_EQ(y.sizes(), (std::vector<int64_t>{c.rows * c.x_div, c.N}));
+      for (int64_t a = 0; a < ids.size(0); ++a) {
+        torch::Tensor xa = x[a / c.x_div].to(torch::kDouble), we = wd[id[a]];
+        torch::Tensor ref = torch::mv(we, xa), mag = torch::mv(we.abs(), xa.abs());
+        torch::Tensor err = (y[a].cpu().to(torch::kDouble) - ref).abs();
+        ASSERT_TRUE((err <= mag * (4e-7 * std::sqrt(static_cast<double>(c.K)) + 1e-6) + 1e-30).all().item<bool>())
+            << (form ? "grouped" : "gathered") << " assignment " << a << " (expert " << id[a] << "): max error "
+            << err.max().item<double>();
+      }
     }
   }
   nv::QTensor w = nv::quantize(torch::randn({4, 8, 32})).to(torch::kCUDA);
@@ -172,6 +183,9 @@ TEST(Nvfp4LinearCuda, GatheredExpertsMatchEachAssignmentsMatrix) {
   EXPECT_THROW(nv::gathered_linear_cuda(x, w, torch::zeros({5}, torch::kLong).cuda(), 2), slm::Error);  // 3 rows
   EXPECT_THROW(nv::gathered_linear_cuda(x, w, torch::zeros({2}, torch::kInt).cuda(), 1), slm::Error);
   EXPECT_THROW(nv::gathered_linear_cuda(x, w.matrix(0), torch::zeros({2}, torch::kLong).cuda(), 1), slm::Error);
+  EXPECT_THROW(
+      nv::grouped_linear_cuda(x, w, torch::zeros({2}, torch::kLong).cuda(), torch::zeros({3}, torch::kInt).cuda(), 1),
+      slm::Error);  // ends for 3 experts of 4
 }
 
 TEST(Nvfp4LinearCuda, DequantizeOnTheGpuEqualsTheCpuDecode) {

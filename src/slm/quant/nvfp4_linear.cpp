@@ -459,46 +459,81 @@ torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
 #endif
 }
 
-torch::Tensor gathered_linear_cuda(const torch::Tensor& x_in, const QTensor& w, const torch::Tensor& ids,
-                                   int64_t x_div) {
-#ifndef SLM_WITH_CUDA
-  (void)x_in;
-  (void)w;
-  (void)ids;
-  (void)x_div;
-  throw Error("nvfp4 gathered_linear_cuda: this build has no CUDA kernels (configure with -DSLM_CUDA=ON)");
-#else
-  if (x_in.dim() != 2) throw Error("nvfp4 gathered_linear_cuda: x must be [rows, K]");
+#ifdef SLM_WITH_CUDA
+namespace {
+// What gathered_linear_cuda and grouped_linear_cuda share: the checks, x in BF16 padded to the weight's K, one launch.
+template <class Launch>
+torch::Tensor routed_linear(const char* what, const torch::Tensor& x_in, const QTensor& w, const torch::Tensor& ids,
+                            int64_t x_div, Launch launch) {
+  const std::string name = std::string("nvfp4 ") + what;
+  if (x_in.dim() != 2) throw Error(name + ": x must be [rows, K]");
   if (w.shape.size() != 3 || w.k() != x_in.size(1))
-    throw Error("nvfp4 gathered_linear_cuda: the weight must be a stack [E, N, K] with K = " +
-                std::to_string(x_in.size(1)));
-  if (ids.dim() != 1 || ids.scalar_type() != torch::kLong)
-    throw Error("nvfp4 gathered_linear_cuda: ids must be a 1-D int64 tensor");
+    throw Error(name + ": the weight must be a stack [E, N, K] with K = " + std::to_string(x_in.size(1)));
+  if (ids.dim() != 1 || ids.scalar_type() != torch::kLong) throw Error(name + ": ids must be a 1-D int64 tensor");
   if (x_div < 1 || ids.size(0) > x_in.size(0) * x_div)
-    throw Error("nvfp4 gathered_linear_cuda: " + std::to_string(ids.size(0)) + " assignments need " +
+    throw Error(name + ": " + std::to_string(ids.size(0)) + " assignments need " +
                 std::to_string((ids.size(0) + x_div - 1) / x_div) + " rows of x, it has " +
                 std::to_string(x_in.size(0)));
-  validate(w, "nvfp4 gathered_linear_cuda weight", false);
+  validate(w, name + " weight", false);
   if (!x_in.is_cuda() || x_in.device() != w.codes.device() || ids.device() != x_in.device())
-    throw Error("nvfp4 gathered_linear_cuda: x, ids and the weight must be on the same CUDA device");
-  const int64_t N = w.shape[1], kp = w.k_padded();
+    throw Error(name + ": x, ids and the weight must be on the same CUDA device");
   torch::Tensor x = x_in.to(torch::kBFloat16);
-  if (kp != x.size(1)) x = torch::constant_pad_nd(x, {0, kp - x.size(1)}, 0.0);
+  if (w.k_padded() != x.size(1)) x = torch::constant_pad_nd(x, {0, w.k_padded() - x.size(1)}, 0.0);
   x = x.contiguous();
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
   torch::Tensor codes = w.codes;
   if (reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 != 0) codes = codes.clone();
   const torch::Tensor id = ids.contiguous();
-  torch::Tensor y = torch::empty({id.size(0), N}, x.options().dtype(torch::kFloat));
+  torch::Tensor y = torch::empty({id.size(0), w.shape[1]}, x.options().dtype(torch::kFloat));
   void* stream = nullptr;
 #ifdef SLM_HAVE_C10_CUDA
   stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
 #endif
-  std::string err = cuda::gemv_gathered(
-      codes.data_ptr<uint8_t>(), w.scales.data_ptr<uint8_t>(), w.tensor_scale.data_ptr<float>(), x.data_ptr(),
-      y.data_ptr<float>(), id.data_ptr<int64_t>(), id.size(0), x_div, w.shape[0], N, w.blocks_per_row(), stream);
-  if (!err.empty()) throw Error("nvfp4 gathered_linear_cuda: " + err);
+  const std::string err =
+      launch(codes.data_ptr<uint8_t>(), x.data_ptr(), y.data_ptr<float>(), id.data_ptr<int64_t>(), id.size(0), stream);
+  if (!err.empty()) throw Error(name + ": " + err);
   return y;
+}
+}  // namespace
+#endif
+
+torch::Tensor gathered_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& ids, int64_t x_div) {
+#ifndef SLM_WITH_CUDA
+  (void)x;
+  (void)w;
+  (void)ids;
+  (void)x_div;
+  throw Error("nvfp4 gathered_linear_cuda: this build has no CUDA kernels (configure with -DSLM_CUDA=ON)");
+#else
+  return routed_linear("gathered_linear_cuda", x, w, ids, x_div,
+                       [&](const uint8_t* codes, const void* xp, float* y, const int64_t* id, int64_t n, void* stream) {
+                         return cuda::gemv_gathered(codes, w.scales.data_ptr<uint8_t>(),
+                                                    w.tensor_scale.data_ptr<float>(), xp, y, id, n, x_div, w.shape[0],
+                                                    w.shape[1], w.blocks_per_row(), stream);
+                       });
+#endif
+}
+
+torch::Tensor grouped_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& order,
+                                  const torch::Tensor& ends, int64_t x_div) {
+#ifndef SLM_WITH_CUDA
+  (void)x;
+  (void)w;
+  (void)order;
+  (void)ends;
+  (void)x_div;
+  throw Error("nvfp4 grouped_linear_cuda: this build has no CUDA kernels (configure with -DSLM_CUDA=ON)");
+#else
+  if (ends.dim() != 1 || ends.scalar_type() != torch::kInt || ends.size(0) != w.shape.at(0) ||
+      ends.device() != order.device())
+    throw Error("nvfp4 grouped_linear_cuda: ends must be int32 [experts] on the ids' device");
+  const torch::Tensor e = ends.contiguous();
+  return routed_linear("grouped_linear_cuda", x, w, order, x_div,
+                       [&](const uint8_t* codes, const void* xp, float* y, const int64_t* id, int64_t n, void* stream) {
+                         return cuda::gemv_grouped(codes, w.scales.data_ptr<uint8_t>(),
+                                                   w.tensor_scale.data_ptr<float>(), xp, y, id, e.data_ptr<int32_t>(),
+                                                   n, x_div, w.shape[0], w.shape[1], w.blocks_per_row(), stream);
+                       });
 #endif
 }
 

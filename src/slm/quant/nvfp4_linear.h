@@ -19,6 +19,11 @@ torch::Tensor linear(const torch::Tensor& x, const QTensor& w);
 // [E, N, K] on x's CUDA device, ids int64 [A] on that device, x [rows, K]; FP32 [A, N]. One kernel launch that
 // reads the ids on the device (no host sync, so CUDA graphs can capture it). Throws slm::Error without CUDA.
 torch::Tensor gathered_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& ids, int64_t x_div);
+// The same product with the assignments sorted by expert: order [A] int64 lists them expert by expert, ends [E] int32
+// where each expert's run ends in order. Each expert's matrix is read once per 16 of its rows instead of once per
+// assignment. y is still [A, N] in assignment order.
+torch::Tensor grouped_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& order,
+                                  const torch::Tensor& ends, int64_t x_div);
 
 // The kernels behind linear(), exposed for tests and benchmarks. x2: [M, K] on the kernel's device.
 torch::Tensor linear_cpu(const torch::Tensor& x2, const QTensor& w);

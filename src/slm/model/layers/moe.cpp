@@ -4,6 +4,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
+#include <functional>
+
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/util/error.h"
 
@@ -256,9 +258,22 @@ torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& rout
     throw Error("nvfp4_gathered_experts: both expert projections must run NVFP4 weights");
   const int64_t n = u.size(0), d = u.size(1), k = routing.experts.size(1);
   auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
+  // Fewer assignments than experts: one read per assignment, no sort. More: sorted on the device, so each expert's
+  // weights are read once for all of its rows.
+  std::function<torch::Tensor(const torch::Tensor&, const nvfp4::QTensor&, int64_t)> project;
+  if (ids.size(0) < experts.num_experts()) {
+    project = [&](const torch::Tensor& x, const nvfp4::QTensor& w, int64_t x_div) {
+      return nvfp4::gathered_linear_cuda(x, w, ids, x_div);
+    };
+  } else {
+    const ByExpert s = sort_by_expert(routing.experts, experts.num_experts());
+    project = [s](const torch::Tensor& x, const nvfp4::QTensor& w, int64_t x_div) {
+      return nvfp4::grouped_linear_cuda(x, w, s.order, s.ends, x_div);
+    };
+  }
   // In u's dtype between the projections and after, as the per-expert loop's nvfp4 linears return it.
-  auto h = nvfp4::gathered_linear_cuda(u, *experts.q13_stacked, ids, k).to(u.scalar_type());
-  auto y = nvfp4::gathered_linear_cuda(swiglu_activation(h), *experts.q2_stacked, ids, 1).to(u.scalar_type());
+  auto h = project(u, *experts.q13_stacked, k).to(u.scalar_type());
+  auto y = project(swiglu_activation(h), *experts.q2_stacked, 1).to(u.scalar_type());
   return (y.view({n, k, d}) * routing.weights.to(y.scalar_type()).unsqueeze(-1)).sum(1);
 }
 

@@ -106,10 +106,16 @@ struct Batch {
 // MT: n8 tiles of the batch (1 for M <= 8, 2 for M <= 16). CB: blocks per chunk (2: 16-byte loads, 1: 8-byte).
 // S: warps per CTA. XS: the activations are staged in shared memory, already in the mma's k order (when they fit).
 // U: steps per batch. PDL: programmatic dependent launch (the weights are read while the previous kernel runs).
-// Gathered (routed experts): with `gather.ids` set, CTA row blockIdx.y is assignment a, which multiplies row
-// a / gather.x_div of x by matrix ids[a] of a stack of gather.experts matrices [N, K] and writes row a of y (M = 1).
+// Routed experts, over a stack of gather.experts matrices [N, K]. Assignment a reads row a / gather.x_div of x and
+// writes row a of y.
+//   gathered (ids set): CTA row blockIdx.y is assignment a, multiplied by matrix ids[a] (M = 1).
+//   grouped (order and ends set): CTA (blockIdx.y = e, blockIdx.z = c) takes the assignments order[r0 .. r0 + 16) of
+//   expert e's run in the sorted order, r0 = its start + 16 c (ends: each run's end), up to 16 rows that share one
+//   read of matrix e. CTAs past their run's end exit at once.
 struct Gather {
-  const int64_t* ids = nullptr;  // [assignments] on the device; nullptr: the plain GEMV
+  const int64_t* ids = nullptr;    // [assignments] on the device; nullptr: not gathered
+  const int64_t* order = nullptr;  // [assignments] sorted by expert; nullptr: not grouped
+  const int32_t* ends = nullptr;   // [experts] cumulative run ends in order
   int64_t x_div = 1;
   int64_t experts = 1;
 };
@@ -126,6 +132,7 @@ __global__ void __launch_bounds__(S * 32)
   const int g = lane >> 2, t = lane & 3;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
   const int64_t row_bytes = blocks * 8, ldx = blocks * 16;
+  int64_t r0 = 0;  // grouped: the CTA's first row in the sorted order
   if (gather.ids != nullptr) {
     // The ids come from the router's top-k; the clamp keeps a bad one inside the stack instead of reading past it.
     const int64_t a = blockIdx.y;
@@ -135,7 +142,21 @@ __global__ void __launch_bounds__(S * 32)
     tensor_scale += e;
     x += (a / gather.x_div) * ldx;
     y += a * N;
+  } else if (gather.order != nullptr) {
+    const int64_t e = blockIdx.y;
+    const int64_t end = gather.ends[e];
+    r0 = (e == 0 ? 0 : gather.ends[e - 1]) + static_cast<int64_t>(blockIdx.z) * 16;
+    if (r0 >= end) return;  // the whole CTA, before any barrier
+    M = static_cast<int>(min(end - r0, int64_t{16}));
+    codes += e * N * row_bytes;
+    scales += e * N * blocks;
+    tensor_scale += e;
   }
+  // Row m of x and of y for this CTA.
+  auto x_row = [&](int m) {
+    return gather.order != nullptr ? x + (gather.order[r0 + m] / gather.x_div) * ldx : x + m * ldx;
+  };
+  auto y_row = [&](int m) { return gather.order != nullptr ? y + gather.order[r0 + m] * N : y + m * N; };
   const int groups = static_cast<int>(blocks * 2), ldxs = groups + 1;
   const int64_t chunks = blocks / CB, slabs = (chunks + 3) / 4;  // slab: the 4 chunks of one warp step
   const uint8_t* crow[2];
@@ -183,7 +204,7 @@ __global__ void __launch_bounds__(S * 32)
   }
   if constexpr (XS) {
     for (int m = 0; m < M; ++m) {
-      const uint4* xr = reinterpret_cast<const uint4*>(x + m * ldx);
+      const uint4* xr = reinterpret_cast<const uint4*>(x_row(m));
       for (int q = threadIdx.x; q < groups; q += S * 32) {
         const uint4 v = __ldg(xr + q);
         xs[m * ldxs + q] = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
@@ -192,6 +213,9 @@ __global__ void __launch_bounds__(S * 32)
     }
   }
   const float s_dec = __ldg(tensor_scale);
+  const __nv_bfloat16* xrow[MT];  // this thread's rows g + 8 mt of x (the non-staged path)
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) xrow[mt] = g + 8 * mt < M ? x_row(g + 8 * mt) : x;
   __syncthreads();
 
   // Two accumulator chains (even and odd code words) halve the dependent-mma latency.
@@ -227,7 +251,7 @@ __global__ void __launch_bounds__(S * 32)
                 bv = xs[m * ldxs + q];
               } else {
                 // B pairs (k0 + j, k0 + j + 4), matching the decode.
-                const uint4 v = __ldg(reinterpret_cast<const uint4*>(x + m * ldx) + q);
+                const uint4 v = __ldg(reinterpret_cast<const uint4*>(xrow[mt]) + q);
                 bv = make_uint4(__byte_perm(v.x, v.z, 0x5410), __byte_perm(v.x, v.z, 0x7632),
                                 __byte_perm(v.y, v.w, 0x5410), __byte_perm(v.y, v.w, 0x7632));
               }
@@ -250,16 +274,16 @@ __global__ void __launch_bounds__(S * 32)
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < S; ++w) sum += partial[w][r][m];
-    y[m * N + n0 + r] = sum * 256.0f * s_dec;  // undo the 2^-8 folded into the BF16 weights
+    y_row(m)[n0 + r] = sum * 256.0f * s_dec;  // undo the 2^-8 folded into the BF16 weights
   }
 }
 
 template <int CB, int MT, int S, bool XS, int U, bool PDL>
 cudaError_t launch_kernel(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
                           float* y, int64_t N, int64_t blocks, size_t smem, cudaStream_t stream, Gather gather,
-                          unsigned assignments) {
+                          unsigned grid_y, unsigned grid_z) {
   cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>((N + 15) / 16), assignments);
+  cfg.gridDim = dim3(static_cast<unsigned>((N + 15) / 16), grid_y, grid_z);
   cfg.blockDim = dim3(S * 32);
   cfg.dynamicSmemBytes = smem;
   cfg.stream = stream;
@@ -277,31 +301,33 @@ cudaError_t launch_kernel(int M, const uint8_t* codes, const uint8_t* scales, co
 // the static arrays (no opt-in needed).
 template <int CB, int MT, int S, int U, bool PDL>
 cudaError_t launch3(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
-                    float* y, int64_t N, int64_t blocks, cudaStream_t stream, Gather gather, unsigned assignments) {
+                    float* y, int64_t N, int64_t blocks, cudaStream_t stream, Gather gather, unsigned grid_y,
+                    unsigned grid_z) {
   const size_t static_bytes = 256 * 4 + S * 16 * 8 * MT * 4;
   const size_t staged = static_cast<size_t>(M) * (blocks * 2 + 1) * 16;
   if (M <= 2 && staged + static_bytes <= 48 * 1024)
-    return launch_kernel<CB, MT, S, true, U, PDL>(M, codes, scales, ts, x, y, N, blocks, staged, stream, gather,
-                                                  assignments);
-  return launch_kernel<CB, MT, S, false, U, PDL>(M, codes, scales, ts, x, y, N, blocks, 0, stream, gather, assignments);
+    return launch_kernel<CB, MT, S, true, U, PDL>(M, codes, scales, ts, x, y, N, blocks, staged, stream, gather, grid_y,
+                                                  grid_z);
+  return launch_kernel<CB, MT, S, false, U, PDL>(M, codes, scales, ts, x, y, N, blocks, 0, stream, gather, grid_y,
+                                                 grid_z);
 }
 
 template <int CB, bool PDL>
 cudaError_t launch(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
-                   float* y, int64_t N, int64_t blocks, cudaStream_t stream, Gather gather = {},
-                   unsigned assignments = 1) {
+                   float* y, int64_t N, int64_t blocks, cudaStream_t stream, Gather gather = {}, unsigned grid_y = 1,
+                   unsigned grid_z = 1) {
   // Up to two row tiles per SM (132 SMs on an H200): a 16-warp K split keeps about 32 warps per SM busy. More
   // tiles: 8 warps per CTA, with 4 steps per batch for one or two rows. A gathered launch has a row of tiles per
-  // assignment.
-  const bool few_tiles = (N + 15) / 16 * assignments <= 264;
+  // assignment, a grouped one per expert (its CTAs past a run's end exit at once and are not counted).
+  const bool few_tiles = (N + 15) / 16 * grid_y <= 264;
   if (M <= 8) {
     if (few_tiles)
-      return launch3<CB, 1, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, assignments);
-    return M <= 2 ? launch3<CB, 1, 8, 4, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, assignments)
-                  : launch3<CB, 1, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, assignments);
+      return launch3<CB, 1, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z);
+    return M <= 2 ? launch3<CB, 1, 8, 4, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z)
+                  : launch3<CB, 1, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z);
   }
-  return few_tiles ? launch3<CB, 2, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, assignments)
-                   : launch3<CB, 2, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, assignments);
+  return few_tiles ? launch3<CB, 2, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z)
+                   : launch3<CB, 2, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z);
 }
 
 // 16-byte code loads need an even number of blocks per row and aligned codes and scales.
@@ -336,25 +362,53 @@ std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tenso
   return "";
 }
 
-std::string gemv_gathered(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x_in,
-                          float* y, const int64_t* ids, int64_t assignments, int64_t x_div, int64_t experts, int64_t N,
-                          int64_t blocks, void* stream_in) {
-  if (assignments <= 0 || N <= 0) return "";
+namespace {
+// The checks and launch of gemv_gathered and gemv_grouped: M is 1 (gathered) or up to 16 (grouped, set per CTA).
+std::string launch_routed(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x_in,
+                          float* y, Gather gather, int M, unsigned grid_y, unsigned grid_z, int64_t N, int64_t blocks,
+                          void* stream_in) {
   if (reinterpret_cast<uintptr_t>(codes) % 8 != 0) return "codes pointer is not 8-byte aligned";
   if (reinterpret_cast<uintptr_t>(x_in) % 16 != 0) return "activation pointer is not 16-byte aligned";
-  if (assignments > 65535) return "more than 65535 assignments in one launch";
-  if (x_div < 1 || experts < 1) return "x_div and experts must be positive";
+  if (gather.x_div < 1 || gather.experts < 1) return "x_div and experts must be positive";
   if ((N + 15) / 16 > 0x7FFFFFFF) return "N too large";
   // Every matrix of the stack starts at a multiple of N rows: aligned like the first when N * row_bytes keeps it so.
   const bool vec16 = vec16_loads(codes, scales, blocks) && (N * blocks * 8) % 16 == 0 && (N * blocks) % 2 == 0;
-  const Gather gather{ids, x_div, experts};
   auto stream = static_cast<cudaStream_t>(stream_in);
   const auto* x = static_cast<const __nv_bfloat16*>(x_in);
-  const auto a = static_cast<unsigned>(assignments);
   // No programmatic dependent launch: the ids, read first, come from the kernel just before.
-  const cudaError_t err = vec16 ? launch<2, false>(1, codes, scales, tensor_scale, x, y, N, blocks, stream, gather, a)
-                                : launch<1, false>(1, codes, scales, tensor_scale, x, y, N, blocks, stream, gather, a);
+  const cudaError_t err =
+      vec16 ? launch<2, false>(M, codes, scales, tensor_scale, x, y, N, blocks, stream, gather, grid_y, grid_z)
+            : launch<1, false>(M, codes, scales, tensor_scale, x, y, N, blocks, stream, gather, grid_y, grid_z);
   return err == cudaSuccess ? "" : cudaGetErrorString(err);
+}
+}  // namespace
+
+std::string gemv_gathered(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x,
+                          float* y, const int64_t* ids, int64_t assignments, int64_t x_div, int64_t experts, int64_t N,
+                          int64_t blocks, void* stream) {
+  if (assignments <= 0 || N <= 0) return "";
+  if (assignments > 65535) return "more than 65535 assignments in one launch";
+  Gather gather;
+  gather.ids = ids;
+  gather.x_div = x_div;
+  gather.experts = experts;
+  return launch_routed(codes, scales, tensor_scale, x, y, gather, 1, static_cast<unsigned>(assignments), 1, N, blocks,
+                       stream);
+}
+
+std::string gemv_grouped(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x,
+                         float* y, const int64_t* order, const int32_t* ends, int64_t assignments, int64_t x_div,
+                         int64_t experts, int64_t N, int64_t blocks, void* stream) {
+  if (assignments <= 0 || N <= 0) return "";
+  if (experts > 65535 || (assignments + 15) / 16 > 65535) return "too many experts or assignments for one launch";
+  Gather gather;
+  gather.order = order;
+  gather.ends = ends;
+  gather.x_div = x_div;
+  gather.experts = experts;
+  // Any expert may hold every assignment: as many 16-row chunks per expert as the assignments fill.
+  return launch_routed(codes, scales, tensor_scale, x, y, gather, 16, static_cast<unsigned>(experts),
+                       static_cast<unsigned>((assignments + 15) / 16), N, blocks, stream);
 }
 
 }  // namespace slm::nvfp4::cuda

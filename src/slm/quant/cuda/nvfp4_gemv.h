@@ -26,4 +26,11 @@ std::string gemv_gathered(const uint8_t* codes, const uint8_t* scales, const flo
                           float* y, const int64_t* ids, int64_t assignments, int64_t x_div, int64_t experts, int64_t N,
                           int64_t blocks, void* stream);
 
+// The same with the assignments sorted by expert: order [assignments] lists them expert by expert, ends [experts]
+// (int32) where each expert's run ends in order. Each expert's matrix is read once for up to 16 of its rows, where
+// gemv_gathered reads it once per assignment: for decode batches whose assignments share experts.
+std::string gemv_grouped(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x,
+                         float* y, const int64_t* order, const int32_t* ends, int64_t assignments, int64_t x_div,
+                         int64_t experts, int64_t N, int64_t blocks, void* stream);
+
 }  // namespace slm::nvfp4::cuda
