@@ -54,10 +54,10 @@ torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, c
 bool gathered_experts_pay(const torch::Tensor& u, int64_t k, const ExpertsImpl& experts);
 
 // NVFP4 experts (both projections) on the GPU: one NVFP4 GEMV launch per projection reads the experts in place by
-// the ids on the device, no host sync, so a CUDA graph captures it. Fewer assignments than experts: each assignment
-// reads its expert (nvfp4::gathered_linear_cuda); more: sorted by expert on the device, each expert is read once for
-// up to 16 of its rows (nvfp4::grouped_linear_cuda). For decode-sized N (dispatch_experts takes it for up to 128
-// assignments, and always under capture).
+// the ids on the device, no host sync, so a CUDA graph captures it. Each assignment reads its expert
+// (nvfp4::gathered_linear_cuda); with more assignments than experts and experts of 128 KiB or more, they are sorted by
+// expert on the device and each expert is read once for up to 16 of its rows (nvfp4::grouped_linear_cuda). For
+// decode-sized N (dispatch_experts takes it for up to 128 assignments, and always under capture).
 torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
 
 // One matmul pair per expert that received tokens; reads the per-expert counts on the host (a sync).
