@@ -417,6 +417,27 @@ bool cuda_kernels_built() {
 #endif
 }
 
+#ifdef SLM_WITH_CUDA
+namespace {
+// x [rows, K] as the GEMV kernels read it: BF16, zero-padded to the weight's padded K, contiguous, 16-byte aligned.
+torch::Tensor gemv_activations(const torch::Tensor& x_in, const QTensor& w) {
+  torch::Tensor x = x_in.to(torch::kBFloat16);
+  if (w.k_padded() != x.size(1)) x = torch::constant_pad_nd(x, {0, w.k_padded() - x.size(1)}, 0.0);
+  x = x.contiguous();
+  return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 ? x.clone() : x;
+}
+
+void* current_stream(const torch::Device& device) {
+#ifdef SLM_HAVE_C10_CUDA
+  return c10::cuda::getCurrentCUDAStream(device.index()).stream();
+#else
+  (void)device;
+  return nullptr;
+#endif
+}
+}  // namespace
+#endif
+
 torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
 #ifndef SLM_WITH_CUDA
   (void)x_in;
@@ -430,10 +451,8 @@ torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
   validate(w, "nvfp4 linear_cuda weight", false);
   if (!x_in.is_cuda() || !w.codes.is_cuda() || x_in.device() != w.codes.device())
     throw Error("nvfp4 linear_cuda: x and the weight must be on the same CUDA device");
-  const int64_t N = w.shape[0], kp = w.k_padded();
-  torch::Tensor x = x_in.to(torch::kBFloat16);
-  if (kp != K) x = torch::constant_pad_nd(x, {0, kp - K}, 0.0);
-  x = x.contiguous();
+  const int64_t N = w.shape[0];
+  const torch::Tensor x = gemv_activations(x_in, w);
   // The GEMV is for decode: it streams the 4-bit weight once per 16 rows of x (one tensor-core tile), which wins
   // while reading W is the cost. Beyond 16 rows it would read W again for every 16 rows, hundreds of times for a
   // prefill or evaluation batch, so there W is decoded once to BF16 (exact, see block_values) and one cuBLAS BF16
@@ -441,18 +460,13 @@ torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
   // another summation order. (Where between 17 rows and a few dozen the GEMM starts to win is not measured.)
   constexpr int64_t kGemvMaxRows = 16;
   if (M > kGemvMaxRows) return at::mm(x, block_values(w).to(torch::kBFloat16).t(), torch::kFloat).mul_(w.tensor_scale);
-  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
   torch::Tensor codes = w.codes;
   const bool copied = reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 != 0;
   if (copied) codes = codes.clone();
   torch::Tensor y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
-  void* stream = nullptr;
-#ifdef SLM_HAVE_C10_CUDA
-  stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-#endif
   std::string err =
       cuda::gemv(codes.data_ptr<uint8_t>(), w.scales.data_ptr<uint8_t>(), w.tensor_scale.data_ptr<float>(),
-                 x.data_ptr(), y.data_ptr<float>(), M, N, w.blocks_per_row(), stream,
+                 x.data_ptr(), y.data_ptr<float>(), M, N, w.blocks_per_row(), current_stream(x.device()),
                  /*pdl=*/!copied);  // loaded weights are read-only; a fresh copy is not
   if (!err.empty()) throw Error("nvfp4 linear_cuda: " + err);
   return y;
@@ -477,20 +491,13 @@ torch::Tensor routed_linear(const char* what, const torch::Tensor& x_in, const Q
   validate(w, name + " weight", false);
   if (!x_in.is_cuda() || x_in.device() != w.codes.device() || ids.device() != x_in.device())
     throw Error(name + ": x, ids and the weight must be on the same CUDA device");
-  torch::Tensor x = x_in.to(torch::kBFloat16);
-  if (w.k_padded() != x.size(1)) x = torch::constant_pad_nd(x, {0, w.k_padded() - x.size(1)}, 0.0);
-  x = x.contiguous();
-  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();
+  const torch::Tensor x = gemv_activations(x_in, w);
   torch::Tensor codes = w.codes;
   if (reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 != 0) codes = codes.clone();
   const torch::Tensor id = ids.contiguous();
   torch::Tensor y = torch::empty({id.size(0), w.shape[1]}, x.options().dtype(torch::kFloat));
-  void* stream = nullptr;
-#ifdef SLM_HAVE_C10_CUDA
-  stream = c10::cuda::getCurrentCUDAStream(x.device().index()).stream();
-#endif
-  const std::string err =
-      launch(codes.data_ptr<uint8_t>(), x.data_ptr(), y.data_ptr<float>(), id.data_ptr<int64_t>(), id.size(0), stream);
+  const std::string err = launch(codes.data_ptr<uint8_t>(), x.data_ptr(), y.data_ptr<float>(), id.data_ptr<int64_t>(),
+                                 id.size(0), current_stream(x.device()));
   if (!err.empty()) throw Error(name + ": " + err);
   return y;
 }

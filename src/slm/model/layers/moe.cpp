@@ -4,7 +4,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
-#include <functional>
+#include <optional>
 
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/util/error.h"
@@ -265,17 +265,12 @@ torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& rout
   constexpr int64_t kGroupedExpertBytes = 128 << 10;
   const bool grouped = ids.size(0) >= experts.num_experts() &&
                        experts.q13_stacked->storage_bytes() / experts.num_experts() >= kGroupedExpertBytes;
-  std::function<torch::Tensor(const torch::Tensor&, const nvfp4::QTensor&, int64_t)> project;
-  if (!grouped) {
-    project = [&](const torch::Tensor& x, const nvfp4::QTensor& w, int64_t x_div) {
-      return nvfp4::gathered_linear_cuda(x, w, ids, x_div);
-    };
-  } else {
-    const ByExpert s = sort_by_expert(routing.experts, experts.num_experts());
-    project = [s](const torch::Tensor& x, const nvfp4::QTensor& w, int64_t x_div) {
-      return nvfp4::grouped_linear_cuda(x, w, s.order, s.ends, x_div);
-    };
-  }
+  std::optional<ByExpert> s;
+  if (grouped) s = sort_by_expert(routing.experts, experts.num_experts());
+  auto project = [&](const torch::Tensor& x, const nvfp4::QTensor& w, int64_t x_div) {
+    return s ? nvfp4::grouped_linear_cuda(x, w, s->order, s->ends, x_div)
+             : nvfp4::gathered_linear_cuda(x, w, ids, x_div);
+  };
   // In u's dtype between the projections and after, as the per-expert loop's nvfp4 linears return it.
   auto h = project(u, *experts.q13_stacked, k).to(u.scalar_type());
   auto y = project(swiglu_activation(h), *experts.q2_stacked, 1).to(u.scalar_type());
