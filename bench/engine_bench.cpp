@@ -2,8 +2,9 @@
 // one-request-at-a-time engine, measured in the same run on the same model.
 //   engine_bench [--recipe R] [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4 [--quantize-head]] [--requests 64]
 //                [--slots 64] [--prompt-tokens 128] [--max-tokens 128] [--serial-requests 4] [--no-graph]
+//                [--temperature 0] [--top-p 1] [--repetition-penalty 1]
 // Random weights (random_weights.h; --nvfp4: quantized as `slm quantize` does). Every request has its own random prompt
-// and decodes greedily for exactly
+// and decodes (greedily by default; sampled with its own seed at --temperature > 0) for exactly
 // --max-tokens tokens (no stop ids). A run submits all its requests at once and ends when the last one is done;
 // tokens/s = generated tokens / wall time, which includes the prompts' prefill (time to first token is reported
 // apart). Each engine first serves the same wave with 8 new tokens per request, untimed, so CUDA graph captures and
@@ -40,6 +41,7 @@ struct Options {
   std::string dtype = "fp32";
   int64_t requests = 64, slots = 64, prompt = 128, max_tokens = 128, serial_requests = 4;
   bool no_graph = false, nvfp4 = false, quantize_head = false;
+  slm::engine::Sampling sampling{0.0, 1.0, 0, 0};
 };
 
 struct Run {
@@ -54,7 +56,8 @@ double percentile(std::vector<double> v, double p) {
 }
 
 // Submits `count` requests at once and waits for all of them.
-Run serve(slm::engine::Engine& engine, int64_t count, int64_t prompt, int64_t max_tokens, int64_t vocab) {
+Run serve(slm::engine::Engine& engine, int64_t count, int64_t prompt, int64_t max_tokens, int64_t vocab,
+          slm::engine::Sampling sampling) {
   std::mutex mu;
   std::condition_variable cv;
   int64_t done = 0;
@@ -67,10 +70,9 @@ Run serve(slm::engine::Engine& engine, int64_t count, int64_t prompt, int64_t ma
   auto ms = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
   for (int64_t i = 0; i < count; ++i) {
     auto ids = torch::randint(3, vocab, {prompt}, torch::kLong);
-    slm::engine::Request r{std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + prompt),
-                           {0.0, 1.0, 0, 0},
-                           max_tokens,
-                           {}};
+    sampling.seed = static_cast<uint64_t>(i);
+    slm::engine::Request r{
+        std::vector<int64_t>(ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + prompt), sampling, max_tokens, {}};
     const auto k = static_cast<size_t>(i);
     engine.submit(std::move(r), {[&, k](int64_t) {
                                    std::lock_guard l(mu);
@@ -116,6 +118,9 @@ int main(int argc, char** argv) {
   app.add_flag("--no-graph", o.no_graph, "decode eagerly on CUDA (no CUDA graphs)");
   app.add_flag("--nvfp4", o.nvfp4, "quantize the quantizable matrices to NVFP4, as slm quantize does");
   app.add_flag("--quantize-head", o.quantize_head, "with --nvfp4: the LM head in NVFP4 too");
+  app.add_option("--temperature", o.sampling.temperature, "0: greedy")->capture_default_str();
+  app.add_option("--top-p", o.sampling.top_p, "nucleus mass when sampling")->capture_default_str();
+  app.add_option("--repetition-penalty", o.sampling.repetition_penalty, "1: none")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     const auto recipe = slm::load_recipe(o.recipe);
@@ -124,11 +129,13 @@ int main(int argc, char** argv) {
     std::shared_ptr<slm::model::HybridLM> model =
         slm::bench::random_model(recipe, dtype, device, o.nvfp4, o.quantize_head);
     const int64_t context = o.prompt + std::max(o.max_tokens, kWarmupTokens);
-    std::printf("engine_bench: %s on %s (%s%s), %lld-token prompts, %lld new tokens each, %lld slots%s\n",
-                recipe.name.c_str(), o.device.c_str(), o.dtype.c_str(),
-                o.nvfp4 ? (o.quantize_head ? ", NVFP4 matrices and head" : ", NVFP4 matrices") : "",
-                static_cast<long long>(o.prompt), static_cast<long long>(o.max_tokens), static_cast<long long>(o.slots),
-                o.no_graph ? ", no graphs" : "");
+    std::printf(
+        "engine_bench: %s on %s (%s%s), %lld-token prompts, %lld new tokens each, %lld slots%s, temperature %g top-p "
+        "%g repetition penalty %g\n",
+        recipe.name.c_str(), o.device.c_str(), o.dtype.c_str(),
+        o.nvfp4 ? (o.quantize_head ? ", NVFP4 matrices and head" : ", NVFP4 matrices") : "",
+        static_cast<long long>(o.prompt), static_cast<long long>(o.max_tokens), static_cast<long long>(o.slots),
+        o.no_graph ? ", no graphs" : "", o.sampling.temperature, o.sampling.top_p, o.sampling.repetition_penalty);
     torch::manual_seed(2);
     slm::engine::DecodeEngineOptions eo;
     eo.max_queue = static_cast<size_t>(std::max(o.requests, o.serial_requests));
@@ -138,15 +145,15 @@ int main(int argc, char** argv) {
     if (o.serial_requests > 0) {
       eo.slots = 1;
       auto engine = slm::engine::make_decode_engine(model, eo);
-      serve(*engine, 1, o.prompt, kWarmupTokens, recipe.vocab_size);
-      const auto r = serve(*engine, o.serial_requests, o.prompt, o.max_tokens, recipe.vocab_size);
+      serve(*engine, 1, o.prompt, kWarmupTokens, recipe.vocab_size, o.sampling);
+      const auto r = serve(*engine, o.serial_requests, o.prompt, o.max_tokens, recipe.vocab_size, o.sampling);
       report("one at a time", r, o.serial_requests);
       serial = static_cast<double>(r.tokens) / r.seconds;
     }
     eo.slots = o.slots;
     auto engine = slm::engine::make_batch_engine({model}, eo);
-    serve(*engine, o.requests, o.prompt, kWarmupTokens, recipe.vocab_size);
-    const auto r = serve(*engine, o.requests, o.prompt, o.max_tokens, recipe.vocab_size);
+    serve(*engine, o.requests, o.prompt, kWarmupTokens, recipe.vocab_size, o.sampling);
+    const auto r = serve(*engine, o.requests, o.prompt, o.max_tokens, recipe.vocab_size, o.sampling);
     report("continuous batching", r, o.requests);
     if (serial > 0)
       std::printf("ratio: continuous batching / one at a time = %.2fx\n",

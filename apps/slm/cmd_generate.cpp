@@ -39,6 +39,7 @@ struct GenerateOptions {
   double temperature = 1.0;
   int64_t top_k = 0;
   double top_p = 1.0;
+  double repetition_penalty = 1.0, presence_penalty = 0.0, frequency_penalty = 0.0;
   bool stop_at_eos = false;
   std::string device = "cpu";
   bool no_cuda_graph = false;
@@ -50,7 +51,8 @@ engine::GenerationOptions generation_options(const GenerateOptions& o) {
   go.max_tokens = o.max_tokens;
   go.cuda_graph = !o.no_cuda_graph;
   go.speculative = o.speculative;
-  go.sampling = {o.temperature, o.top_k, o.top_p, o.seed};
+  go.sampling = {o.temperature,      o.top_k, o.top_p, o.seed, o.repetition_penalty, o.presence_penalty,
+                 o.frequency_penalty};
   return go;
 }
 
@@ -222,6 +224,16 @@ void add_generate_command(CLI::App& app) {
   g->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
   g->add_option("--top-k", o->top_k, "sample from the k most likely tokens (0 = all)")->capture_default_str();
   g->add_option("--top-p", o->top_p, "sample from the smallest set with this much mass")->capture_default_str();
+  g->add_option("--repetition-penalty", o->repetition_penalty,
+                "divide the positive logits (multiply the negative ones) of tokens already in the prompt or the output "
+                "by this (1 = off; 1.1 is common)")
+      ->capture_default_str();
+  g->add_option("--presence-penalty", o->presence_penalty,
+                "subtract this from the logits of tokens already generated (-2..2, as OpenAI's)")
+      ->capture_default_str();
+  g->add_option("--frequency-penalty", o->frequency_penalty,
+                "subtract this times the count of each token already generated (-2..2, as OpenAI's)")
+      ->capture_default_str();
   g->add_option("--device", o->device, "where the model runs: cpu or cuda")->capture_default_str();
   g->add_flag("--no-cuda-graph", o->no_cuda_graph, "run every CUDA decode step eagerly instead of replaying a graph");
   g->add_option("--speculative", o->speculative,

@@ -3,6 +3,7 @@
 // reference: the model's own prefill + decode steps with argmax, written out here.
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -37,9 +38,15 @@ inline const data::Tokenizer& code512() {
   return t;
 }
 
-// Greedy tokens after `prompt`: argmax over the ids not in `banned`, stopping before any id in `stop`.
+// Greedy tokens after `prompt`: argmax over the ids not in `banned`, stopping before any id in `stop`. With
+// penalties (sampler.h's definitions, by a loop over the ids seen): repetition over the prompt and the output,
+// presence and frequency over the output.
+struct Penalties {
+  float repetition = 1, presence = 0, frequency = 0;
+};
 inline std::vector<int64_t> greedy_reference(model::HybridLM& m, const std::vector<int64_t>& prompt, int64_t max_tokens,
-                                             const std::vector<int64_t>& banned, const std::vector<int64_t>& stop) {
+                                             const std::vector<int64_t>& banned, const std::vector<int64_t>& stop,
+                                             Penalties pen = {}) {
   torch::NoGradGuard ng;
   auto state = m.new_state(1, static_cast<int64_t>(prompt.size()) + max_tokens);
   const auto device = m.embed->weight.device();
@@ -47,7 +54,19 @@ inline std::vector<int64_t> greedy_reference(model::HybridLM& m, const std::vect
       m.prefill(torch::tensor(prompt, torch::kLong).unsqueeze(0).to(device), state).select(1, prompt.size() - 1);
   std::vector<int64_t> out;
   for (int64_t i = 0; i < max_tokens; ++i) {
-    auto l = logits.clone();
+    auto l = logits.to(torch::kCPU, torch::kFloat).clone();
+    std::vector<int64_t> seen = prompt;
+    seen.insert(seen.end(), out.begin(), out.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int64_t id : seen) {
+      float x = l[0][id].item<float>();
+      const auto n = static_cast<float>(std::count(out.begin(), out.end(), id));
+      x = x > 0 ? x / pen.repetition : x * pen.repetition;
+      x = x - n * pen.frequency;
+      x = x - (n > 0 ? pen.presence : 0.0f);
+      l[0][id] = x;
+    }
     for (int64_t b : banned) l[0][b] = -std::numeric_limits<float>::infinity();
     const int64_t id = l.argmax(-1).item<int64_t>();
     if (std::find(stop.begin(), stop.end(), id) != stop.end()) break;

@@ -54,34 +54,39 @@ std::vector<int64_t> prompt_of(int64_t length, uint64_t seed) {
   return p;
 }
 
+// With DSA too (layer 4: its decode step selects keys over the whole capacity at each row's own position).
 TEST(BatchEngine, EachOfSixteenRequestsGetsItsTokensAlone) {
   test::single_threaded();
-  auto m = hybrid_model(11);
-  ASSERT_EQ(batch_decode_blocker(*m), "");
-  // Prompts of 3..33 tokens, 2..24 new tokens: rows join and leave at different steps, so finished rows are replaced
-  // by moved ones, and 5-token chunks put decode steps between the chunks of the longer prompts.
-  std::vector<std::vector<int64_t>> prompts;
-  std::vector<int64_t> max_tokens;
-  std::vector<std::vector<int64_t>> expected;
-  for (int i = 0; i < 16; ++i) {
-    prompts.push_back(prompt_of(3 + (i * 7) % 31, 100 + i));
-    max_tokens.push_back(2 + (i * 5) % 23);
-    expected.push_back(test::greedy_reference(*m, prompts.back(), max_tokens.back(), {}, {}));
+  for (bool dsa : {false, true}) {
+    auto j = hybrid_json();
+    j["attention"]["dsa_enabled"] = dsa;
+    auto m = hybrid_model(11, j);
+    ASSERT_EQ(batch_decode_blocker(*m), "");
+    // Prompts of 3..33 tokens, 2..24 new tokens: rows join and leave at different steps, so finished rows are
+    // replaced by moved ones, and 5-token chunks put decode steps between the chunks of the longer prompts.
+    std::vector<std::vector<int64_t>> prompts;
+    std::vector<int64_t> max_tokens;
+    std::vector<std::vector<int64_t>> expected;
+    for (int i = 0; i < 16; ++i) {
+      prompts.push_back(prompt_of(3 + (i * 7) % 31, 100 + i));
+      max_tokens.push_back(2 + (i * 5) % 23);
+      expected.push_back(test::greedy_reference(*m, prompts.back(), max_tokens.back(), {}, {}));
+    }
+    DecodeEngineOptions o;
+    o.slots = 6;  // fewer slots than requests: the rest wait and join as rows free up
+    o.prefill_chunk = 5;
+    o.max_queue = 16;
+    auto eng = make_batch_engine({m}, o);
+    std::vector<Sink> sinks(16);
+    for (int i = 0; i < 16; ++i) eng->submit({prompts[i], {0.0, 1.0, 0, 0}, max_tokens[i], {}}, sinks[i].callbacks());
+    for (int i = 0; i < 16; ++i) {
+      const auto r = sinks[i].wait();
+      EXPECT_EQ(r.finish, Finish::kLength) << "dsa " << dsa << " request " << i << ": " << r.error;
+      EXPECT_EQ(sinks[i].tokens, expected[i]) << "dsa " << dsa << " request " << i;
+      EXPECT_EQ(r.completion_tokens, max_tokens[i]);
+    }
+    EXPECT_EQ(eng->stats().running, 0);
   }
-  DecodeEngineOptions o;
-  o.slots = 6;  // fewer slots than requests: the rest wait and join as rows free up
-  o.prefill_chunk = 5;
-  o.max_queue = 16;
-  auto eng = make_batch_engine({m}, o);
-  std::vector<Sink> sinks(16);
-  for (int i = 0; i < 16; ++i) eng->submit({prompts[i], {0.0, 1.0, 0, 0}, max_tokens[i], {}}, sinks[i].callbacks());
-  for (int i = 0; i < 16; ++i) {
-    const auto r = sinks[i].wait();
-    EXPECT_EQ(r.finish, Finish::kLength) << "request " << i << ": " << r.error;
-    EXPECT_EQ(sinks[i].tokens, expected[i]) << "request " << i;
-    EXPECT_EQ(r.completion_tokens, max_tokens[i]);
-  }
-  EXPECT_EQ(eng->stats().running, 0);
 }
 
 // Prompts waiting together whose first chunks are equally long run that chunk in one forward: those that fit in it
@@ -122,18 +127,19 @@ TEST(BatchEngine, SampledRequestsRepeatAloneAndAmongOthers) {
   test::single_threaded();
   auto m = hybrid_model(12);
   const auto p = prompt_of(9, 7);
-  const Request sampled{p, {0.9, 0.95, 40, 1234}, 16, {}};
+  // With penalties, which count this request's own prompt and tokens only.
+  const Request sampled{p, {0.9, 0.95, 40, 1234, 1.3, 0.2, 0.4}, 16, {}};
   // Alone, through the model's own generation loop (engine::generate).
   GenerationOptions go;
   go.max_tokens = 16;
-  go.sampling = {0.9, 40, 0.95, 1234};
+  go.sampling = {0.9, 40, 0.95, 1234, 1.3, 0.2, 0.4};
   const auto alone = generate(*m, p, go);
   ASSERT_EQ(alone.size(), 16u);
   DecodeEngineOptions o;
   o.slots = 4;
   auto eng = make_batch_engine({m}, o);
   Sink a, b, c, d;
-  eng->submit({prompt_of(20, 8), {1.0, 1.0, 0, 5}, 12, {}}, b.callbacks());
+  eng->submit({prompt_of(20, 8), {1.0, 1.0, 0, 5, 1.1}, 12, {}}, b.callbacks());
   eng->submit(sampled, a.callbacks());
   eng->submit({prompt_of(4, 9), {0.0, 1.0, 0, 0}, 3, {}}, c.callbacks());
   eng->submit({p, {0.9, 0.95, 40, 1235}, 16, {}}, d.callbacks());
@@ -212,17 +218,20 @@ TEST(BatchEngine, MlaModelsTakeTheOneAtATimeEngine) {
   EXPECT_EQ(s.tokens, test::greedy_reference(*m, prompt_of(5, 1), 4, {}, {}));
 }
 
-// On the GPU each batch size replays its own CUDA graph (Engram, which gathers on the host, is off); every request
-// still gets the tokens of the model's own loop.
+// On the GPU each batch size replays its own CUDA graph, DSA, Engram and mHC included; every request still gets
+// the tokens of the model's own (eager) loop.
 TEST(BatchEngine, CudaGraphBucketsGiveEachRequestItsTokens) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   auto j = hybrid_json();
-  j["engram"]["enabled"] = false;
-  j["attention"]["head_dim"] = 32;  // a head dim the CUDA decode kernel has (graph_decode_blocker)
+  j["attention"]["head_dim"] = 32;       // a head dim the CUDA decode kernel has (graph_decode_blocker)
+  j["attention"]["dsa_enabled"] = true;  // layer 4, selecting on the device
   auto m = hybrid_model(17, j, torch::kCUDA);
   {
     auto probe = m->new_state(1, 8);
     ASSERT_EQ(graph_decode_blocker(*m, probe), "");
+    m->set_engram_host_resident(true);  // then the rows are gathered on the host: no capture
+    EXPECT_NE(graph_decode_blocker(*m, probe).find("host memory"), std::string::npos);
+    m->set_engram_host_resident(false);
   }
   std::vector<std::vector<int64_t>> prompts, expected;
   for (int i = 0; i < 7; ++i) {

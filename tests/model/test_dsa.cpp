@@ -108,6 +108,38 @@ TEST(DsaSelect, MatchesNaiveSelection) {
   }
 }
 
+// The decode form: one query per row, each at its own position, scored over a whole capacity whose entries past the
+// position hold junk (larger than any real score); the keys and their order are dsa_select's for that query.
+TEST(DsaSelect, AtAPositionPicksWhatDsaSelectPicks) {
+  torch::manual_seed(8);
+  const int64_t b = 3, s = 20, capacity = 29;
+  for (double ratio : {0.4, 0.5})
+    for (int64_t local : {1, 3})
+      for (int64_t window : {0, 8}) {
+        const auto scores = torch::randint(0, 4, {b, s, s}, kF64);  // small integers: ties
+        const auto want = model::dsa_select(scores, ratio, local, window);
+        for (int64_t p = 0; p < s; ++p) {
+          auto at = torch::full({b, 1, capacity}, 10.0, kF64);
+          std::vector<int64_t> position(static_cast<size_t>(b));
+          for (int64_t i = 0; i < b; ++i) {
+            const int64_t q = position[static_cast<size_t>(i)] = (p + 7 * i) % s;
+            at[i][0].narrow(0, 0, q + 1).copy_(scores[i][q].narrow(0, 0, q + 1));
+          }
+          const auto got = model::dsa_select_at(at, torch::tensor(position), ratio, local, window);
+          ASSERT_EQ(got.size(2), model::dsa_keys_per_query(window ? window : capacity, ratio, local));
+          for (int64_t i = 0; i < b; ++i) {
+            const auto w = want[i][position[static_cast<size_t>(i)]];
+            for (int64_t slot = 0; slot < std::max(got.size(2), w.size(0)); ++slot) {
+              const int64_t expected = slot < w.size(0) ? w[slot].item<int64_t>() : -1;
+              const int64_t actual = slot < got.size(2) ? got[i][0][slot].item<int64_t>() : -1;
+              ASSERT_EQ(actual, expected) << "ratio " << ratio << " local " << local << " window " << window
+                                          << " position " << position[static_cast<size_t>(i)] << " slot " << slot;
+            }
+          }
+        }
+      }
+}
+
 TEST(DsaKl, ZeroWhenTheIndexerReproducesTheTargetAndNaiveOtherwise) {
   torch::set_num_threads(1);
   torch::manual_seed(8);

@@ -138,6 +138,26 @@ TEST_F(ServerTest, CompletionEqualsTheModelsGreedyTokens) {
   EXPECT_EQ(j["choices"][0]["text"], test::text_of(expected));
 }
 
+// The penalties reach the sampler: a greedy answer with them is the penalized greedy reference, not the plain one.
+// A random model rarely repeats a token by itself, so the penalties here pull towards repeats (below 1, negative).
+TEST_F(ServerTest, PenaltiesShapeTheAnswer) {
+  const std::string prompt = "int main() {";
+  std::vector<int64_t> ids = {2};
+  for (uint32_t id : test::code512().encode(prompt)) ids.push_back(id);
+  const auto plain = test::greedy_reference(*alpha_, ids, 20, test::chat_banned(), {3, 9});
+  const auto expected = test::greedy_reference(*alpha_, ids, 20, test::chat_banned(), {3, 9}, {0.3f, -2.0f, -1.0f});
+  ASSERT_NE(expected, plain);  // else this model's answer cannot show the penalties
+  auto res = post("/v1/completions", {{"model", "alpha"},
+                                      {"prompt", prompt},
+                                      {"max_tokens", 20},
+                                      {"temperature", 0},
+                                      {"repetition_penalty", 0.3},
+                                      {"presence_penalty", -2},
+                                      {"frequency_penalty", -1}});
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(Json::parse(res->body)["choices"][0]["text"], test::text_of(expected));
+}
+
 TEST_F(ServerTest, StreamedChunksConcatenateToTheWholeAnswer) {
   for (bool is_chat : {true, false}) {
     const Json body = is_chat ? chat("beta", "for f in *.txt; do", 30, {{"seed", 7}, {"temperature", 0.8}})
@@ -201,6 +221,11 @@ TEST_F(ServerTest, BadRequestsGetOpenAIErrorsAndTheServerKeepsAnswering) {
   expect_error(post("/v1/chat/completions", chat("alpha", "hi", 4, {{"temperature", 9}})), 400, "[0, 2]",
                "temperature");
   expect_error(post("/v1/chat/completions", chat("alpha", "hi", 4, {{"n", 2}})), 400, "n = 1", "n");
+  expect_error(post("/v1/chat/completions", chat("alpha", "hi", 4, {{"presence_penalty", 3}})), 400, "[-2, 2]",
+               "presence_penalty");
+  expect_error(post("/v1/chat/completions", chat("alpha", "hi", 4, {{"repetition_penalty", 0}})), 400, "(0, 10]",
+               "repetition_penalty");
+  expect_error(post("/v1/chat/completions", chat("alpha", "hi", 4, {{"top_k", 2.5}})), 400, "integer", "top_k");
   expect_error(post("/v1/chat/completions", chat("alpha", "hi", 4, {{"stop", {1, 2}}})), 400, "strings", "stop");
   expect_error(
       post("/v1/chat/completions", {{"model", "alpha"}, {"messages", {{{"role", "wizard"}, {"content", "x"}}}}}), 400,
@@ -295,7 +320,7 @@ TEST_F(ServerTest, MetricsCountRequestsAndTokens) {
   EXPECT_NE(m.find("slm_queue_depth{specialist=\"alpha\"} 0"), std::string::npos);
   EXPECT_NE(m.find("# TYPE slm_prompts_batched_total counter"), std::string::npos);
   EXPECT_EQ(metric("slm_prompts_batched_total{specialist=\"beta\"}"), 0.0);  // one request at a time: none shared
-  int64_t alpha_bytes = 0;  // FP32 parameters and buffers
+  int64_t alpha_bytes = 0;                                                   // FP32 parameters and buffers
   for (const auto& p : alpha_->parameters()) alpha_bytes += p.numel() * 4;
   for (const auto& b : alpha_->buffers()) alpha_bytes += b.numel() * static_cast<int64_t>(b.element_size());
   EXPECT_EQ(metric("slm_specialist_weight_bytes{specialist=\"alpha\"}"), static_cast<double>(alpha_bytes));

@@ -22,7 +22,8 @@ std::string batch_decode_blocker(const model::HybridLM& m) {
   for (const auto& l : m.layers()) {
     if (auto* a = dynamic_cast<const model::AttentionLayer*>(l.get())) {
       if (a->mla) return "MLA attention reads its cache by the host's length";
-      if (a->indexer()) return "DSA attention selects keys by the host's length";
+      if (a->indexer() && a->indexer()->stage == model::DsaStage::Warmup)
+        return "DSA attention in its dense warm-up stage reads its cache by the host's length";
     }
   }
   return "";
@@ -84,8 +85,8 @@ class BatchEngine final : public QueuedEngine {
     const auto slots = static_cast<size_t>(options_.slots);
     while (take(slots - rows_.size() - prefilling_.size(), !rows_.empty() || !prefilling_.empty(), taken)) {
       for (auto& job : taken) {
-        const auto& s = job->request.sampling;
-        Sequence q{job, model::Sampler({s.temperature, s.top_k, s.top_p, s.seed})};
+        Sequence q{job, model::Sampler(sampler_options(job->request.sampling))};
+        q.sampler.set_prompt(job->request.prompt);
         q.result.prompt_tokens = static_cast<int64_t>(job->request.prompt.size());
         prefilling_.push_back(std::move(q));
       }
@@ -372,19 +373,11 @@ class BatchEngine final : public QueuedEngine {
     }
   }
 
-  // Each row's next token by its own sampler; the greedy rows together, with one read from the device.
+  // Each row's next token by its own sampler, all rows in one pass on the device and one read of the ids.
   std::vector<int64_t> sample(const torch::Tensor& logits) {
-    std::vector<int64_t> ids(rows_.size());
-    torch::Tensor greedy;
-    for (size_t r = 0; r < rows_.size(); ++r) {
-      if (rows_[r].job->request.sampling.temperature == 0.0) {
-        if (!greedy.defined()) greedy = logits.argmax(-1).cpu();
-        ids[r] = greedy[static_cast<int64_t>(r)].item<int64_t>();
-      } else {
-        ids[r] = rows_[r].sampler.sample(logits.narrow(0, static_cast<int64_t>(r), 1)).item<int64_t>();
-      }
-    }
-    return ids;
+    std::vector<model::Sampler*> samplers;
+    for (auto& q : rows_) samplers.push_back(&q.sampler);
+    return model::Sampler::sample_rows(samplers, logits);
   }
 
   EngineModel model_;

@@ -17,8 +17,8 @@ class HybridLM;
 
 namespace slm::engine {
 
-// "" when every row of a decode state of model can decode at its own length, else why not (MLA, DSA: their
-// attention reads the cache by the host's length).
+// "" when every row of a decode state of model can decode at its own length, else why not (MLA, and DSA in its
+// warm-up stage: their attention reads the cache by the host's length).
 std::string batch_decode_blocker(const model::HybridLM& model);
 
 // options.slots (>= 1) sequences at once, options.prefill_chunk (>= 1) prompt tokens per prefill step. Throws

@@ -42,7 +42,7 @@ class DecodeEngine final : public QueuedEngine {
     }
     engine::GenerationOptions go;
     go.max_tokens = r.max_tokens;
-    go.sampling = {r.sampling.temperature, r.sampling.top_k, r.sampling.top_p, r.sampling.seed};
+    go.sampling = sampler_options(r.sampling);
     go.banned = banned_;
     go.cuda_graph = options_.cuda_graph;
     bool stopped = false;
@@ -86,8 +86,7 @@ std::unique_ptr<Engine> make_decode_engine(std::shared_ptr<model::HybridLM> mode
 
 std::unique_ptr<Engine> make_decode_engine(EngineModel model, DecodeEngineOptions options) {
   if (!model.model) throw Error("engine: no model");
-  if (batch_decode_blocker(*model.model).empty())
-    return make_batch_engine(std::move(model), std::move(options));
+  if (batch_decode_blocker(*model.model).empty()) return make_batch_engine(std::move(model), std::move(options));
   std::vector<EngineModel> one{std::move(model)};
   const auto [vocab, context] = vocab_and_context(one, options);
   return std::make_unique<DecodeEngine>(std::move(one), std::move(options), vocab, context);

@@ -18,6 +18,10 @@ struct Sampling {
   double top_p = 1.0;        // (0, 1]
   int64_t top_k = 0;         // 0: no limit
   uint64_t seed = 0;         // a fixed seed reproduces the same tokens
+  // As model::SamplerOptions (model/sampler.h): repetition over the prompt and the output, the others the output.
+  double repetition_penalty = 1.0;  // > 0; 1: none
+  double presence_penalty = 0.0;    // [-2, 2]
+  double frequency_penalty = 0.0;   // [-2, 2]
 };
 
 struct Request {

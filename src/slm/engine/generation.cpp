@@ -93,6 +93,7 @@ std::vector<int64_t> generate_mixture(const std::vector<MixtureMember>& members,
   torch::NoGradGuard no_grad;
   const auto device = members[0].model->embed->weight.device();
   model::Sampler sampler(o.sampling);
+  sampler.set_prompt(prompt);
   const auto n = static_cast<int64_t>(prompt.size());
   GenerationStats timing;
   timing.prompt_tokens = n;
@@ -150,6 +151,10 @@ std::vector<int64_t> generate_speculative(model::HybridLM& model, const std::vec
     throw Error("generate: " + std::to_string(o.speculative) + " speculative tokens: the recipe's " +
                 std::to_string(depth) + " MTP module(s) draft 1.." + std::to_string(depth));
   check_request(prompt, model.recipe().vocab_size, o);
+  if (o.sampling.penalized())
+    throw Error(
+        "generate: speculative decoding judges drafts by a fixed distribution; the penalties change it with "
+        "every token (drop --speculative or the penalties)");
   torch::NoGradGuard no_grad;
   const auto device = model.embed->weight.device();
   model::Sampler sampler(o.sampling);

@@ -24,8 +24,8 @@ struct GenerationOptions {
   // Text generation (generate_text, generate_byte_text) ends once the generated text contains one of these (e.g. a
   // benchmark's "\n}"); the text is returned whole, the caller cuts it.
   std::vector<std::string> stop_texts;
-  // Decode steps replay a CUDA graph when graph_decode_blocker allows (CUDA models without MLA, DSA, Engram or
-  // NVFP4 routed experts); false: always the eager step.
+  // Decode steps replay a CUDA graph when graph_decode_blocker allows (CUDA models without MLA, DSA warm-up
+  // or host-resident Engram tables); false: always the eager step.
   bool cuda_graph = true;
   // Speculative decoding of one model (generate() and the text paths): each step the MTP modules draft this many
   // tokens after the next one, one forward judges them all, the longest agreeing prefix is kept and the state

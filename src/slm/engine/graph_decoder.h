@@ -16,9 +16,10 @@ struct DecodeState;
 
 namespace slm::engine {
 
-// "" when a decode step of model on state can be captured, else the reason: a CPU model or build, MLA or DSA
-// attention, an attention head dim without a CUDA decode kernel, Engram, NVFP4 routed experts (their loop reads
-// counts on the host), a state made with max_rollback > 0.
+// "" when a decode step of model on state can be captured, else the reason: a CPU model or build, MLA attention, DSA
+// attention in its warm-up stage, an attention head dim without a CUDA decode kernel, Engram tables kept in host
+// memory, NVFP4 routed experts with only one projection quantized (their loop reads counts on the host), a state made
+// with max_rollback > 0.
 std::string graph_decode_blocker(const model::HybridLM& model, const model::DecodeState& state);
 
 class GraphDecoder {

@@ -10,6 +10,10 @@
 
 namespace slm::engine {
 
+model::SamplerOptions sampler_options(const Sampling& s) {
+  return {s.temperature, s.top_k, s.top_p, s.seed, s.repetition_penalty, s.presence_penalty, s.frequency_penalty};
+}
+
 std::pair<int64_t, int64_t> vocab_and_context(const std::vector<EngineModel>& models, const DecodeEngineOptions& o) {
   for (const auto& m : models)
     if (!m.model || !m.in_use) throw Error("engine: no model");
@@ -61,7 +65,7 @@ RequestId QueuedEngine::submit(Request r, Callbacks cb) {
                 ") exceeds the model's context of " + std::to_string(context_) + " tokens");
   for (int64_t id : r.prompt)
     if (id < 0 || id >= vocab_) throw Error("prompt token " + std::to_string(id) + " is outside the vocabulary");
-  model::Sampler check({r.sampling.temperature, r.sampling.top_k, r.sampling.top_p, r.sampling.seed});
+  const model::Sampler check(sampler_options(r.sampling));
   if (!r.mixture_weights.empty() && models_ > 1) {
     if (r.mixture_weights.size() != models_)
       throw Error("mixture_weights has " + std::to_string(r.mixture_weights.size()) + " entries for " +

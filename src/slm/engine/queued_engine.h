@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "slm/engine/decode_engine.h"
+#include "slm/model/sampler.h"
 
 namespace slm::engine {
 
@@ -23,6 +24,9 @@ struct Job {
   Callbacks callbacks;
   std::atomic<bool> cancelled{false};
 };
+
+// A request's sampling options as the model's sampler takes them.
+model::SamplerOptions sampler_options(const Sampling& s);
 
 // The vocabulary the models share (throws slm::Error for a mixture of different ones or a missing model) and the
 // context an engine over them accepts: options.context_length, or the shortest recipe seq_len.

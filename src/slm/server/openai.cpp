@@ -1,5 +1,6 @@
 #include "slm/server/openai.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace slm::server {
@@ -111,6 +112,23 @@ GenerationRequest parse_generation_request(const std::string& body, bool chat) {
   if (j.contains("top_p") && !j["top_p"].is_null()) {
     r.sampling.top_p = number(j, "top_p");
     if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) throw bad("top_p", "must be in (0, 1]");
+  }
+  if (j.contains("top_k") && !j["top_k"].is_null()) {  // vLLM's and llama.cpp's extension; -1 or 0: no limit
+    if (!j["top_k"].is_number_integer()) throw bad("top_k", "expected an integer");
+    const auto k = j["top_k"].get<int64_t>();
+    if (k < -1) throw bad("top_k", "must be -1 or 0 (no limit) or positive");
+    r.sampling.top_k = std::max<int64_t>(k, 0);
+  }
+  for (auto [key, field] : {std::pair{"presence_penalty", &engine::Sampling::presence_penalty},
+                            std::pair{"frequency_penalty", &engine::Sampling::frequency_penalty}})
+    if (j.contains(key) && !j[key].is_null()) {
+      r.sampling.*field = number(j, key);
+      if (!(std::abs(r.sampling.*field) <= 2)) throw bad(key, "must be in [-2, 2]");
+    }
+  if (j.contains("repetition_penalty") && !j["repetition_penalty"].is_null()) {  // vLLM's extension
+    r.sampling.repetition_penalty = number(j, "repetition_penalty");
+    if (!(r.sampling.repetition_penalty > 0 && r.sampling.repetition_penalty <= 10))
+      throw bad("repetition_penalty", "must be in (0, 10]");
   }
   if (j.contains("seed") && !j["seed"].is_null()) {
     if (!j["seed"].is_number_integer()) throw bad("seed", "expected an integer");

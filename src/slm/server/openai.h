@@ -3,8 +3,9 @@
 // parsing with per-field errors, and the JSON of responses, stream chunks and errors. No HTTP, no models.
 //
 // Accepted fields: model, messages (chat) / prompt (completions: a string or a list of one string), max_tokens (or
-// max_completion_tokens), temperature [0, 2], top_p (0, 1], seed, n (only 1), stop (a string or up to 4), stream,
-// stream_options.include_usage. Other fields are ignored, as OpenAI-compatible servers do, except those whose
+// max_completion_tokens), temperature [0, 2], top_p (0, 1], presence_penalty and frequency_penalty [-2, 2], seed,
+// n (only 1), stop (a string or up to 4), stream, stream_options.include_usage; and vLLM's top_k (-1 or 0: none)
+// and repetition_penalty (0, 10]. Other fields are ignored, as OpenAI-compatible servers do, except those whose
 // effect this server cannot give (logprobs, tools, ...) when set to a non-default value: those are refused, so a
 // client never gets silently different behaviour.
 #include <cstdint>

@@ -33,7 +33,9 @@ AttentionImpl::AttentionImpl(const Recipe& r, const LayerPlan& plan, const torch
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache, const Documents* docs) {
   const int64_t b = h.size(0), t = h.size(1);
-  if (cache && t == 1 && !indexer && cache->positions().defined()) return step_on_device(h, *cache);
+  // A decode token reads no host state (a CUDA graph replays it), except a DSA layer's dense warm-up stage.
+  if (cache && t == 1 && cache->positions().defined() && (!indexer || indexer->stage == DsaStage::Sparse))
+    return step_on_device(h, *cache);
   const auto pos = positions(h, cache, docs);
   auto q = rope(wq(h).view({b, t, heads, head_dim}), pos);
   auto k = rope(wk(h).view({b, t, kv_heads, head_dim}), pos);
@@ -69,7 +71,9 @@ torch::Tensor AttentionImpl::step_on_device(const torch::Tensor& h, TokenCache& 
   }
   auto keys = cache.write_step(0, k.transpose(1, 2));
   auto values = cache.write_step(1, v.transpose(1, 2));
-  auto o = ops::decode_attention(q.view({b, heads, head_dim}), keys, values, at + 1, window);
+  auto o = indexer ? indexer->attend_step(h, q.transpose(1, 2), keys, values,
+                                          1.0 / std::sqrt(static_cast<double>(head_dim)), cache, 2)
+                   : ops::decode_attention(q.view({b, heads, head_dim}), keys, values, at + 1, window);
   cache.advance(1);
   return wo(o.reshape({b, 1, heads * head_dim}));
 }

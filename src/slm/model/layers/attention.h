@@ -17,11 +17,13 @@ class AttentionImpl : public torch::nn::Module {
  public:
   AttentionImpl(const Recipe& recipe, const LayerPlan& plan, const torch::TensorOptions& options);
   // h [B, T, D] (already normalized). With a cache, h continues the cached sequence and extends it; without
-  // one, docs (optional) says where packed documents start. One token (without DSA) takes step_on_device.
+  // one, docs (optional) says where packed documents start. One token takes step_on_device (except a DSA layer in
+  // its dense warm-up stage).
   torch::Tensor forward(const torch::Tensor& h, TokenCache* cache, const Documents* docs = nullptr);
   // The decode step that reads no host state: rotary angles, the cache write and the attended length all come from
-  // the cache's device positions (ops::decode_attention), so a CUDA graph of it replays at any position, and the
-  // rows of a continuous-batching pool each attend at their own length.
+  // the cache's device positions (ops::decode_attention; a DSA layer selects its keys with dsa_select_at over the
+  // whole capacity), so a CUDA graph of it replays at any position, and the rows of a continuous-batching pool each
+  // attend at their own length.
   torch::Tensor step_on_device(const torch::Tensor& h, TokenCache& cache);
   // Streams 0 (keys [B, kv_heads, capacity, head_dim]) and 1 (values), then the indexer's keys on DSA layers.
   std::unique_ptr<TokenCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const;

@@ -55,6 +55,29 @@ torch::Tensor dsa_select(const torch::Tensor& scores, double ratio, int64_t loca
   return order.masked_fill(torch::arange(widest, lopts).view({1, 1, widest}) >= keep.to(dev).unsqueeze(-1), -1);
 }
 
+torch::Tensor dsa_select_at(const torch::Tensor& scores, const torch::Tensor& position, double ratio,
+                            int64_t local_window, int64_t window) {
+  torch::NoGradGuard no_grad;
+  if (scores.dim() != 3 || scores.size(1) != 1 || position.dim() != 1 || position.size(0) != scores.size(0))
+    throw Error("dsa_select_at: expected scores [B, 1, S] and positions [B]");
+  const int64_t s = scores.size(2);
+  const auto lopts = torch::TensorOptions().dtype(torch::kLong).device(scores.device());
+  const auto p = position.to(torch::kLong).view({-1, 1, 1});
+  const auto distance = p - torch::arange(s, lopts).view({1, 1, s});
+  auto visible = distance >= 0;
+  if (window > 0) visible = visible & (distance < window);
+  const auto ranked =
+      scores.masked_fill(visible.logical_not(), -kInf).masked_fill(visible & (distance < local_window), kInf);
+  // k(p) as dsa_keys_per_query computes it, in the same double arithmetic.
+  const auto seen = window > 0 ? (p + 1).clamp_max(window) : p + 1;
+  const auto by_ratio = (seen.to(torch::kDouble) * ratio + 1e-9).floor().to(torch::kLong);
+  const auto keep = torch::minimum(seen, by_ratio.clamp_min(local_window));
+  const int64_t widest = dsa_keys_per_query(window > 0 ? std::min(s, window) : s, ratio, local_window);
+  // The keys past the position rank last (-inf), after every visible one, so the first k(p) are dsa_select's.
+  auto order = std::get<1>(torch::sort(ranked, /*stable=*/true, /*dim=*/-1, /*descending=*/true)).narrow(-1, 0, widest);
+  return order.masked_fill(torch::arange(widest, lopts).view({1, 1, widest}) >= keep, -1);
+}
+
 torch::Tensor dsa_kl(const torch::Tensor& target, const torch::Tensor& logits) {
   const auto acc = logits.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
   auto p = target.to(acc);
@@ -146,6 +169,17 @@ torch::Tensor DsaIndexerImpl::attend(const torch::Tensor& h, const torch::Tensor
     loss_ = dsa_kl(res.head_probs / static_cast<double>(q.size(1)), picked);
   }
   return res.out;
+}
+
+torch::Tensor DsaIndexerImpl::attend_step(const torch::Tensor& h, const torch::Tensor& q, const torch::Tensor& k,
+                                          const torch::Tensor& v, double scale, TokenCache& cache, int slot) {
+  const int64_t b = h.size(0);
+  const auto x = h.detach();
+  const auto& at = cache.positions();
+  const RotaryPositions pos{cache.length(), at.view({b, 1}), cache.capacity()};
+  const auto all_keys = cache.write_step(slot, keys(x, pos));  // [B, capacity, d_I]
+  const auto index = dsa_select_at(scores(x, all_keys, pos), at, ratio, local_window, window);
+  return ops::sparse_attention(q, k, v, index, scale).out;
 }
 
 }  // namespace slm::model

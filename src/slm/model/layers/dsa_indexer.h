@@ -33,6 +33,14 @@ int64_t dsa_keys_per_query(int64_t visible, double ratio, int64_t local_window);
 torch::Tensor dsa_select(const torch::Tensor& scores, double ratio, int64_t local_window, int64_t window,
                          const torch::Tensor& doc = {});
 
+// dsa_select for one decode query per row over a cache's whole capacity: scores [B, 1, S] of the query at
+// position[b] (int64 [B] on the device) against keys 0..S-1, of which those past the position are not visible.
+// Returns [B, 1, K] with K = k(p) of the widest window (the capacity or the layer's window), -1 past a row's own
+// k(p): the keys dsa_select picks for that query, in its order. Reads nothing on the host (a CUDA graph can replay
+// it at any position). No documents.
+torch::Tensor dsa_select_at(const torch::Tensor& scores, const torch::Tensor& position, double ratio,
+                            int64_t local_window, int64_t window);
+
 // sum_t KL(target_t || softmax(logits_t)) / rows, over the last dim: target rows sum to 1 (zeros allowed),
 // logits are -inf exactly where the target is not defined. The DSA indexer loss.
 torch::Tensor dsa_kl(const torch::Tensor& target, const torch::Tensor& logits);
@@ -62,6 +70,10 @@ class DsaIndexerImpl : public torch::nn::Module {
   // loss(). docs (without a cache): packed documents, each attended alone.
   torch::Tensor attend(const torch::Tensor& h, const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                        double scale, TokenCache* cache, int slot, const Documents* docs = nullptr);
+  // The Sparse stage's decode step of attend, one token per row at the cache's device positions: q [B, H, 1, dk],
+  // keys and values the cache's whole storage [B, KV, capacity, d]; selects with dsa_select_at, so no host read.
+  torch::Tensor attend_step(const torch::Tensor& h, const torch::Tensor& q, const torch::Tensor& k,
+                            const torch::Tensor& v, double scale, TokenCache& cache, int slot);
   // The indexer KL of the last training-mode attend (undefined before one).
   const torch::Tensor& loss() const { return loss_; }
   // The cache stream of the indexer keys, [B, capacity, d_I].
