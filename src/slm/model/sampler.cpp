@@ -22,6 +22,14 @@ void check_rows(const at::Tensor& logits, size_t rows, const char* what) {
                 std::to_string(logits.size(0)) + " rows of logits");
 }
 
+// A host vector on device. To a GPU through pinned memory without blocking: a pageable copy would first wait for
+// everything queued on the stream (the decode step), so the sampler's kernels could not queue behind it.
+template <class T>
+at::Tensor on_device(const std::vector<T>& v, const at::Device& device) {
+  auto t = torch::tensor(v);
+  return device.is_cuda() ? t.pin_memory().to(device, /*non_blocking=*/true) : t;
+}
+
 // Per-row parameters [fields, B] double on device: one copy to the device for all of them.
 template <class... Field>
 at::Tensor row_parameters(const std::vector<SamplerOptions>& rows, const at::Device& device, Field... field) {
@@ -29,7 +37,7 @@ at::Tensor row_parameters(const std::vector<SamplerOptions>& rows, const at::Dev
   v.reserve(sizeof...(Field) * rows.size());
   for (auto f : {field...})
     for (const auto& o : rows) v.push_back(f(o));
-  return torch::tensor(v, torch::kDouble).view({static_cast<int64_t>(sizeof...(Field)), -1}).to(device);
+  return on_device(v, device).view({static_cast<int64_t>(sizeof...(Field)), -1});
 }
 
 std::vector<SamplerOptions> repeat(const SamplerOptions& o, int64_t rows) {
@@ -91,7 +99,7 @@ at::Tensor inverse_cdf(const at::Tensor& weights, const std::vector<double>& uni
   const int64_t v = weights.size(1);
   const auto w = weights.to(torch::kDouble);
   const auto c = w.cumsum(-1);
-  const auto u = torch::tensor(uniform, torch::kDouble).to(weights.device()).unsqueeze(1);
+  const auto u = on_device(uniform, weights.device()).unsqueeze(1);
   auto id = (c <= c.narrow(1, v - 1, 1) * u).sum(-1);
   // u * sum rounds up to the sum only for u within an ulp of 1: the last id with weight then.
   const auto last = (v - 1) - (w > 0).flip(1).to(torch::kByte).argmax(1);
@@ -125,7 +133,7 @@ void Sampler::track(const at::Tensor& logits) {
   for (int64_t id : prompt_)
     if (id < 0 || id >= v)
       throw Error("sampler: prompt id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(v));
-  if (!prompt_.empty()) prompt_seen_.index_fill_(1, torch::tensor(prompt_, torch::kLong).to(logits.device()), true);
+  if (!prompt_.empty()) prompt_seen_.index_fill_(1, on_device(prompt_, logits.device()), true);
 }
 
 void Sampler::count(const at::Tensor& ids) {
@@ -155,7 +163,7 @@ at::Tensor Sampler::sample(const at::Tensor& logits) {
 std::vector<int64_t> Sampler::sample_rows(const std::vector<Sampler*>& samplers, const at::Tensor& logits) {
   check_rows(logits, samplers.size(), "sampler");
   const auto device = logits.device();
-  auto index = [&](const std::vector<int64_t>& rows) { return torch::tensor(rows, torch::kLong).to(device); };
+  auto index = [&](const std::vector<int64_t>& rows) { return on_device(rows, device); };
   auto options_of = [&](const std::vector<int64_t>& rows) {
     std::vector<SamplerOptions> o;
     for (int64_t r : rows) o.push_back(samplers[static_cast<size_t>(r)]->options_);
