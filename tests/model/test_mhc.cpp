@@ -79,6 +79,29 @@ void copy_shared(model::HybridLM& dst, model::HybridLM& src) {
 
 }  // namespace
 
+// On the GPU without a gradient the projection is one fused kernel: equal to the float64 loops, and to the
+// differentiable tensor ops (the training path) on the same device.
+TEST(Mhc, CudaSinkhornKernelEqualsTheLoopsAndTheOps) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(21);
+  for (int n : {1, 2, 4, 8}) {
+    const auto z = (torch::randn({37, n, n}) * 3).cuda();
+    torch::Tensor fused;
+    {
+      torch::NoGradGuard no_grad;
+      fused = model::sinkhorn(z, 20, 1e-6).cpu();
+    }
+    const auto ops = model::sinkhorn(z.clone().requires_grad_(true), 20, 1e-6).detach().cpu();
+    EXPECT_LT((fused - ops).abs().max().item<double>(), 1e-6) << n;
+    const auto zs = z.cpu().to(torch::kDouble).view({37, n * n}), ms = fused.to(torch::kDouble).view({37, n * n});
+    for (int64_t i = 0; i < 37; ++i) {
+      const auto want = naive_sinkhorn(values(zs[i]), n, 20, 1e-6);
+      const auto got = values(ms[i]);
+      for (int k = 0; k < n * n; ++k) ASSERT_NEAR(got[k], want[k], 1e-5) << n << ": " << i << "," << k;
+    }
+  }
+}
+
 TEST(Mhc, SinkhornMatchesANaiveLoop) {
   single_threaded();
   torch::manual_seed(1);

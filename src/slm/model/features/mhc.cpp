@@ -7,6 +7,13 @@
 #include "slm/ops/rms_norm.h"
 #include "slm/util/error.h"
 
+#ifdef SLM_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "slm/ops/cuda/sinkhorn_kernel.h"
+#endif
+
 namespace slm::model {
 
 namespace {
@@ -31,6 +38,21 @@ torch::Tensor blend_with(const torch::Tensor& learned, const torch::Tensor& plai
 
 torch::Tensor sinkhorn(const torch::Tensor& logits, int iters, double eps) {
   auto z = logits.to(at::promote_types(logits.scalar_type(), torch::kFloat));
+#ifdef SLM_WITH_CUDA
+  // Inference on the GPU: the fused kernel (ops/cuda/sinkhorn_kernel.cu) instead of ~4 launches per round.
+  const int64_t n = z.dim() >= 2 ? z.size(-1) : 0;
+  if (z.is_cuda() && z.scalar_type() == torch::kFloat && !(torch::GradMode::is_enabled() && z.requires_grad()) &&
+      n >= 1 && n <= ops::cuda::kSinkhornMaxStreams && z.size(-2) == n) {
+    const c10::cuda::CUDAGuard guard(z.device());
+    const auto in = z.contiguous();
+    auto out = torch::empty_like(in);
+    const std::string error =
+        ops::cuda::sinkhorn(in.data_ptr<float>(), out.data_ptr<float>(), in.numel() / (n * n), static_cast<int>(n),
+                            iters, static_cast<float>(eps), at::cuda::getCurrentCUDAStream().stream());
+    if (!error.empty()) throw Error("mHC: " + error);
+    return out;
+  }
+#endif
   auto m = torch::exp(z - std::get<0>(z.flatten(-2).max(-1, true)).unsqueeze(-1));
   // Columns first, rows last (the paper's T_r(T_c(M))): after a finite number of rounds the last normalisation
   // is the exact one, and exact rows make every output stream a convex combination of the input streams, so
