@@ -4,9 +4,8 @@
 //                [--steps 64] [--batch 1] [--graph] [--moe-paths] [--profile]
 //   (default recipes: recipes/specialist-small.json and recipes/tiny-hybrid.json)
 // Random weights (N(0, 1/fan_in) for matrices, so no projection is the zero matrix a fresh model starts with); with
-// --nvfp4 they go through `slm quantize`'s code (nvfp4::quantize_checkpoint, via a temporary file: there is no
-// in-memory quantizer) and model::load_weights, so every quantizable matrix runs nvfp4::linear (with --quantize-head
-// the LM head too, as `slm quantize --quantize-head` writes it). One batched prefill of
+// --nvfp4 every matrix `slm quantize` quantizes runs nvfp4::linear with random codes (random_weights.h; with
+// --quantize-head the LM head too, as `slm quantize --quantize-head` writes it). One batched prefill of
 // the prompt (timed once, after an untimed prefill of the same length in another state), then greedy decode: a step is
 // one HybridLM::decode plus the argmax that picks the next token, on the device. Reported: the median step over
 // --steps steps after 2 warm-up steps, tokens/s = batch / median step.

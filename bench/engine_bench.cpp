@@ -3,7 +3,7 @@
 //   engine_bench [--recipe R] [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4 [--quantize-head]] [--requests 64]
 //                [--slots 64] [--prompt-tokens 128] [--max-tokens 128] [--serial-requests 4] [--no-graph]
 //                [--temperature 0] [--top-p 1] [--repetition-penalty 1]
-// Random weights (random_weights.h; --nvfp4: quantized as `slm quantize` does). Every request has its own random prompt
+// Random weights (random_weights.h; --nvfp4: the matrices `slm quantize` quantizes in NVFP4, random codes). Every request has its own random prompt
 // and decodes (greedily by default; sampled with its own seed at --temperature > 0) for exactly
 // --max-tokens tokens (no stop ids). A run submits all its requests at once and ends when the last one is done;
 // tokens/s = generated tokens / wall time, which includes the prompts' prefill (time to first token is reported

@@ -4,10 +4,12 @@
 // and stay close to the unquantized model's. Corrupt NVFP4 checkpoints are refused naming the tensor.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <map>
 #include <set>
 
 #include "model_test_util.h"
@@ -130,6 +132,45 @@ TEST(Nvfp4Model, EveryQuantizableWeightRunsInNvfp4WithoutADenseCopy) {
   for (const auto& name : quantizable) EXPECT_EQ(state.at(name).numel(), 0) << name;
   for (const auto& p : m->parameters()) EXPECT_FALSE(p.requires_grad());
   EXPECT_THROW(model::save_weights(*m, temp_file("resave.safetensors")), Error);
+}
+
+// use_nvfp4_weights installs matrices as the loader does: the dense model given the quantizer's matrices (its other
+// tensors rounded to BF16, as the checkpoint stores them) computes what the loaded NVFP4 checkpoint computes. A name
+// that is not a matrix, or a wrong shape, is refused before anything changes.
+TEST(Nvfp4Model, MatricesInstalledInMemoryEqualTheLoadedCheckpoint) {
+  single_threaded();
+  auto loaded = load(checkpoints().nvfp4);
+  auto m = load(checkpoints().dense);
+  const auto quantizable = quantizable_names(m->recipe());
+  std::map<std::string, nvfp4::QTensor> matrices;
+  {
+    torch::NoGradGuard no_grad;
+    for (const auto& name : model::nvfp4_weight_slots(*m))
+      if (quantizable.count(name)) matrices.emplace(name, nvfp4::quantize(model::named_state(*m).at(name)));
+    for (auto& [name, t] : model::named_state(*m))
+      if (!matrices.count(name)) t.copy_(t.to(torch::kBFloat16).to(torch::kFloat));
+  }
+  ASSERT_EQ(matrices.size(), model::nvfp4_weights(*loaded).size());
+  const auto linear = matrices.begin()->first;
+  const auto slots = model::nvfp4_weight_slots(*m);
+  std::string not_a_matrix;  // a norm's weight, say
+  for (const auto& [name, t] : model::named_state(*m))
+    if (std::find(slots.begin(), slots.end(), name) == slots.end()) not_a_matrix = name;
+  ASSERT_FALSE(not_a_matrix.empty());
+  auto tokens = random_tokens(2, 11, m->recipe().vocab_size, 8);
+  torch::NoGradGuard no_grad;
+  const auto dense = m->forward(tokens).logits;
+  std::map<std::string, nvfp4::QTensor> bad = {{linear, matrices.at(linear)},
+                                               {not_a_matrix, nvfp4::quantize(torch::ones({2, 16}))}};
+  EXPECT_THROW(model::use_nvfp4_weights(*m, bad), Error);
+  bad = {{linear, nvfp4::quantize(torch::ones({2, 16}))}};
+  EXPECT_THROW(model::use_nvfp4_weights(*m, bad), Error);
+  EXPECT_TRUE(model::nvfp4_weights(*m).empty());
+  EXPECT_TRUE(torch::equal(m->forward(tokens).logits, dense)) << "a refused install changed the model";
+  model::use_nvfp4_weights(*m, std::move(matrices));
+  EXPECT_EQ(model::nvfp4_weights(*m), model::nvfp4_weights(*loaded));
+  EXPECT_LT(rel_max_diff(m->forward(tokens).logits, loaded->forward(tokens).logits), 1e-6);
+  for (const auto& p : m->parameters()) EXPECT_FALSE(p.requires_grad());
 }
 
 TEST(Nvfp4Model, ForwardAndCachedDecodeEqualTheDequantizedDenseModel) {

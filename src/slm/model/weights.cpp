@@ -110,13 +110,36 @@ void load_weights(HybridLM& model, const std::string& path) {
     if (!file.quantized.count(name)) t.copy_(file.dense.at(name).to(t.device(), t.scalar_type()));
   if (file.quantized.empty()) return;
   for (auto& p : model.parameters()) p.requires_grad_(false);
+  std::map<std::string, nvfp4::QTensor> matrices;
   for (auto& [name, q] : file.quantized) {
-    if (auto slot = slots.find(name); slot != slots.end())
-      slot->second.use(std::move(q), name);
+    if (slots.count(name))
+      matrices.emplace(name, std::move(q));
     else  // the token embedding and Engram tables are gathered row by row, not multiplied: a dequantized copy
       state.at(name).copy_(
           nvfp4::dequantize(q, torch::kFloat).to(state.at(name).device(), state.at(name).scalar_type()));
   }
+  use_nvfp4_weights(model, std::move(matrices));
+}
+
+void use_nvfp4_weights(HybridLM& model, std::map<std::string, nvfp4::QTensor> quantized) {
+  const auto slots = nvfp4_slots(model);
+  const auto state = named_state(model);
+  for (const auto& [name, q] : quantized) {
+    if (!slots.count(name))
+      throw Error("NVFP4: " + name + " is not a linear weight or a stacked expert tensor of the model");
+    if (q.shape != state.at(name).sizes().vec())
+      throw Error("NVFP4 tensor " + name + " has shape " + shape_text(q.shape) + ", the model needs " +
+                  shape_text(state.at(name).sizes()));
+  }
+  if (quantized.empty()) return;
+  for (auto& p : model.parameters()) p.requires_grad_(false);
+  for (auto& [name, q] : quantized) slots.at(name).use(std::move(q), name);
+}
+
+std::vector<std::string> nvfp4_weight_slots(const HybridLM& model) {
+  std::vector<std::string> out;
+  for (const auto& [name, slot] : nvfp4_slots(model)) out.push_back(name);
+  return out;
 }
 
 std::vector<std::string> nvfp4_weights(const HybridLM& model) {

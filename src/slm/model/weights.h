@@ -9,6 +9,7 @@
 
 #include "slm/io/safetensors.h"
 #include "slm/model/hybrid_lm.h"
+#include "slm/quant/nvfp4.h"
 
 namespace slm::model {
 
@@ -25,6 +26,14 @@ void save_weights(const HybridLM& model, const std::string& path, const safetens
 // and release their dense weights; Engram tables, which are gathered rather than multiplied, load dequantized. The
 // model becomes inference-only (no parameter requires a gradient). Load into a freshly built model.
 void load_weights(HybridLM& model, const std::string& path);
+
+// Runs these weights in NVFP4 from now on, as load_weights does with an NVFP4 checkpoint's matrices: each name a
+// Linear's weight or a stacked expert tensor (nvfp4_weight_slots), each tensor of that weight's shape. Their dense
+// copies are released and the model becomes inference-only. Everything is checked first: another name or a wrong
+// shape is an slm::Error that leaves the model as it was.
+void use_nvfp4_weights(HybridLM& model, std::map<std::string, nvfp4::QTensor> quantized);
+// The names use_nvfp4_weights takes.
+std::vector<std::string> nvfp4_weight_slots(const HybridLM& model);
 
 // Names of the weights the model runs in NVFP4 (empty for a dense model).
 std::vector<std::string> nvfp4_weights(const HybridLM& model);
