@@ -1,7 +1,7 @@
 // Batch-1 decode speed of whole models, as a fraction of the memory roofline.
 //   decode_bench [--recipe R]... [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4 [--quantize-head]] [--prompt-tokens
 //   128]
-//                [--steps 64] [--batch 1] [--graph] [--moe-paths] [--profile]
+//                [--steps 64] [--batch 1] [--graph] [--moe-paths] [--profile] [--unfused]
 //   (default recipes: recipes/specialist-small.json and recipes/tiny-hybrid.json)
 // Random weights (N(0, 1/fan_in) for matrices, so no projection is the zero matrix a fresh model starts with); with
 // --nvfp4 every matrix `slm quantize` quantizes runs nvfp4::linear with random codes (random_weights.h; with
@@ -17,6 +17,7 @@
 // --graph: the decode steps replay one CUDA graph (engine::GraphDecoder) instead of running the model eagerly.
 // --profile: after the timed steps, profiles --steps more of them through slm::train::Profiler (once for the GPU
 // kernels on CUDA, once for the host's operators) and prints both summaries.
+// --unfused: the inference-only fused kernels (ops/fused_kernels.h) off, for a same-machine before/after.
 // --moe-paths: instead, the routed experts of each recipe's MoE layer alone, model::loop_experts against
 // model::gathered_experts for 1..32 tokens (median of 50 calls each): the measurement behind gathered_experts_pay.
 #include <torch/torch.h>
@@ -33,6 +34,7 @@
 #include "random_weights.h"
 #include "slm/engine/graph_decoder.h"
 #include "slm/model/hybrid_lm.h"
+#include "slm/ops/fused_kernels.h"
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/recipe/accounting.h"
 #include "slm/recipe/recipe.h"
@@ -53,6 +55,7 @@ struct Options {
   int64_t batch = 1;
   bool moe_paths = false;
   bool profile = false;
+  bool unfused = false;
   bool graph = false;
 };
 
@@ -207,6 +210,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", o.batch, "sequences decoded together")->capture_default_str();
   app.add_flag("--graph", o.graph, "replay each decode step from a CUDA graph (engine::GraphDecoder)");
   app.add_flag("--profile", o.profile, "also profile --steps decode steps (GPU kernels, host operators)");
+  app.add_flag("--unfused", o.unfused,
+               "run the rotary + QK-norm, MoE routing and residual mix as tensor ops (ops/fused_kernels.h)");
   app.add_flag("--moe-paths", o.moe_paths, "time the MoE layer's routed-expert paths instead of whole models");
   CLI11_PARSE(app, argc, argv);
   try {
@@ -215,6 +220,7 @@ int main(int argc, char** argv) {
     if (o.prompt < 1 || o.steps < 1 || o.batch < 1)
       throw slm::Error("--prompt-tokens, --steps and --batch must be at least 1");
     const torch::Device device = slm::parse_device(o.device);
+    slm::ops::set_fused_kernels(!o.unfused);
     if (o.recipes.empty())
       o.recipes = {std::string(SLM_SOURCE_DIR) + "/recipes/specialist-small.json",
                    std::string(SLM_SOURCE_DIR) + "/recipes/tiny-hybrid.json"};
@@ -225,12 +231,13 @@ int main(int argc, char** argv) {
     }
     const double bandwidth = copy_bandwidth(device);
     std::printf(
-        "device %s, %d intra-op threads, %s%s, batch %lld, prompt %lld, median of %lld steps after %d warm-up\n",
+        "device %s, %d intra-op threads, %s%s%s, batch %lld, prompt %lld, median of %lld steps after %d warm-up\n",
         o.device.c_str(), torch::get_num_threads(), o.dtype.c_str(),
         !o.nvfp4          ? ""
         : o.quantize_head ? " + NVFP4 matrices and head"
                           : " + NVFP4 matrices",
-        static_cast<long long>(o.batch), static_cast<long long>(o.prompt), static_cast<long long>(o.steps), kWarmup);
+        o.unfused ? ", fused kernels off" : "", static_cast<long long>(o.batch), static_cast<long long>(o.prompt),
+        static_cast<long long>(o.steps), kWarmup);
     std::printf("copy bandwidth %.1f GB/s (read + written)\n", bandwidth / 1e9);
     if (o.nvfp4 && !device.is_cuda())
       std::printf("NVFP4 CPU kernel: %s\n", slm::nvfp4::cpu_kernel_name(slm::nvfp4::CpuKernel::Auto));

@@ -6,6 +6,7 @@
 #include "slm/model/layers/attention.h"
 #include "slm/model/recompute.h"
 #include "slm/ops/cross_entropy.h"
+#include "slm/ops/residual_mix.h"
 #include "slm/ops/rms_norm.h"
 #include "slm/recipe/accounting.h"
 #include "slm/util/error.h"
@@ -81,7 +82,7 @@ torch::Tensor HybridLM::trunk(const torch::Tensor& x0, const LayerFn& block, con
   if (!mhc_head) {
     auto x = x0;
     for (size_t l = 0; l < layers_.size(); ++l) {
-      x = resid_lambdas[l] * x + x0_lambdas[l] * x0;
+      x = ops::residual_mix(x, resid_lambdas[l], x0, x0_lambdas[l]);
       if (engram_[l]) x = x + memory(l, x.unsqueeze(2)).squeeze(2);
       x = x + block(l, x);
     }

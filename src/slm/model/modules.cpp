@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "slm/ops/gathered_linear.h"
 #include "slm/ops/rms_norm.h"
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/util/error.h"
@@ -31,7 +32,7 @@ void LinearImpl::use_nvfp4(nvfp4::QTensor q, const std::string& name) {
 }
 
 torch::Tensor linear_or_nvfp4(const torch::Tensor& x, const torch::Tensor& w, const nvfp4::QTensor* q) {
-  if (!q) return at::linear(x, w);
+  if (!q) return ops::small_batch_linear(x, w);
   if (x.requires_grad() && torch::GradMode::is_enabled())
     throw Error("NVFP4 weights are inference-only: the input requires a gradient (load a dense checkpoint to train)");
   return nvfp4::linear(x, *q).to(x.scalar_type());
@@ -53,7 +54,9 @@ EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim, const torch::TensorOpti
   weight.normal_();
 }
 
-torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) { return at::embedding(weight, tokens); }
+torch::Tensor EmbeddingImpl::forward(const torch::Tensor& tokens) {
+  return at::embedding(weight, tokens);
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps_, const torch::TensorOptions& options) : eps(eps_) {
   weight = register_parameter("weight", torch::ones({dim}, options));
@@ -76,6 +79,8 @@ torch::Tensor swiglu_activation(const torch::Tensor& h) {
   return at::silu(parts[0]) * parts[1];
 }
 
-torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) { return w2(swiglu_activation(w13(x))); }
+torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {
+  return w2(swiglu_activation(w13(x)));
+}
 
 }  // namespace slm::model

@@ -5,6 +5,7 @@
 #include "slm/model/decode_state.h"
 #include "slm/ops/attention.h"
 #include "slm/ops/decode_attention.h"
+#include "slm/ops/rotary_norm.h"
 #include "slm/util/error.h"
 
 namespace slm::model {
@@ -62,12 +63,22 @@ torch::Tensor AttentionImpl::step_on_device(const torch::Tensor& h, TokenCache& 
   const auto& at = cache.positions();  // [B]: this token's position in each row
   // Tables for the whole capacity, so that no step rebuilds them (a replayed graph would keep reading the old ones).
   const RotaryPositions pos{cache.length(), at.view({b, 1}), cache.capacity()};
-  auto q = rope(wq(h).view({b, 1, heads, head_dim}), pos);
-  auto k = rope(wk(h).view({b, 1, kv_heads, head_dim}), pos);
+  auto q = wq(h).view({b, 1, heads, head_dim});
+  auto k = wk(h).view({b, 1, kv_heads, head_dim});
   auto v = wv(h).view({b, 1, kv_heads, head_dim});
-  if (q_norm) {
-    q = q_norm(q);
-    k = k_norm(k);
+  const auto [cos, sin] = rope.tables(h.device(), q.scalar_type(), pos.end);
+  const auto qw = q_norm ? q_norm->weight : torch::Tensor(), kw = q_norm ? k_norm->weight : torch::Tensor();
+  if (ops::rotary_norm_fusable(q.squeeze(1), cos, qw) && ops::rotary_norm_fusable(k.squeeze(1), cos, kw)) {
+    // One kernel per tensor for the rotation and the QK-norm instead of about ten.
+    q = ops::rotary_norm_step(q.squeeze(1), at, cos, sin, qw, q_norm ? q_norm->eps : 0.0).unsqueeze(1);
+    k = ops::rotary_norm_step(k.squeeze(1), at, cos, sin, kw, q_norm ? k_norm->eps : 0.0).unsqueeze(1);
+  } else {
+    q = rope(q, pos);
+    k = rope(k, pos);
+    if (q_norm) {
+      q = q_norm(q);
+      k = k_norm(k);
+    }
   }
   auto keys = cache.write_step(0, k.transpose(1, 2));
   auto values = cache.write_step(1, v.transpose(1, 2));

@@ -6,6 +6,8 @@
 
 #include <optional>
 
+#include "slm/ops/gathered_linear.h"
+#include "slm/ops/moe_route.h"
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/util/error.h"
 
@@ -246,6 +248,12 @@ torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, c
     throw Error("gathered_experts: the experts run NVFP4 weights, which bmm cannot read (use loop_experts)");
   const int64_t n = u.size(0), d = u.size(1), k = routing.experts.size(1);
   auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
+  if (ops::gathered_linear_fusable(u, experts.w13) && ops::gathered_linear_fusable(u, experts.w2)) {
+    // Inference on the GPU: each assignment reads its expert's matrices in place instead of copies of them.
+    auto h = ops::gathered_linear(u, experts.w13, ids, k);
+    auto y = ops::gathered_linear(swiglu_activation(h), experts.w2, ids, 1).view({n, k, d});
+    return (y * routing.weights.to(y.scalar_type()).unsqueeze(-1)).sum(1);
+  }
   auto x = u.unsqueeze(1).expand({n, k, d}).reshape({n * k, 1, d});
   // The stacked weights are [E, out, in] like nn.Linear: the gathered [N*k, out, in] transposed is bmm's right side.
   auto h = torch::bmm(x, experts.w13.index_select(0, ids).transpose(1, 2));
@@ -372,12 +380,18 @@ MoEImpl::MoEImpl(const Recipe& r, const torch::TensorOptions& options)
   auto f32 = options.dtype(torch::kFloat);
   expert_bias = register_buffer("expert_bias", torch::zeros({num_experts}, f32));
   pending_load_ = torch::zeros({num_experts}, f32.dtype(torch::kLong));
-  last_load_ = pending_load_.clone();
 }
 
 Routing MoEImpl::route_tokens(const torch::Tensor& u) const {
   auto dt = router_dtype(u);
-  return route(at::linear(u.to(dt), router->weight.to(dt)), expert_bias, top_k, scaling_factor);
+  auto logits = at::linear(u.to(dt), router->weight.to(dt));
+  // Outside training nothing reads the affinities (the auxiliary loss): one kernel instead of about eight.
+  if (!is_training() && ops::moe_route_fusable(logits, top_k)) {
+    Routing r;
+    std::tie(r.experts, r.weights) = ops::moe_route_fused(logits, expert_bias, top_k, scaling_factor);
+    return r;
+  }
+  return route(logits, expert_bias, top_k, scaling_factor);
 }
 
 void MoEImpl::spread_experts(std::shared_ptr<ExpertGroup> group) {
@@ -410,10 +424,10 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& h) {
   auto out = expert_group_ ? parallel_experts(u, routing, *experts, *expert_group_, num_experts)
                            : dispatch_experts(u, routing, *experts);
   if (shared) out = out + shared(u);
-  {
+  last_experts_ = routing.experts;  // counted only when asked (last_stats): a decode step needs no counts
+  if (is_training()) {
     torch::NoGradGuard no_grad;
-    last_load_ = expert_load(routing.experts, num_experts);
-    if (is_training()) pending_load_ += last_load_.to(pending_load_.device());
+    pending_load_ += expert_load(routing.experts, num_experts).to(pending_load_.device());
   }
   aux_loss_ = (is_training() && aux_weight > 0) ? sequence_aux_loss(routing, b, t) : torch::Tensor();
   return out.view({b, t, d});
@@ -430,7 +444,8 @@ torch::Tensor MoEImpl::forward_reference(const torch::Tensor& h) {
 
 RouterStats MoEImpl::last_stats() const {
   RouterStats s;
-  auto l = last_load_.cpu();
+  auto l = last_experts_.defined() ? expert_load(last_experts_, num_experts).cpu()
+                                   : torch::zeros({num_experts}, torch::kLong);
   s.load.assign(l.data_ptr<int64_t>(), l.data_ptr<int64_t>() + l.numel());
   s.max_violation = max_violation(l);
   return s;

@@ -12,7 +12,8 @@
 namespace slm::model {
 
 struct Routing {
-  torch::Tensor scores;   // [N, E] sigmoid affinities (fp32, or fp64 for fp64 inputs)
+  torch::Tensor scores;   // [N, E] sigmoid affinities (fp32, or fp64 for fp64 inputs); undefined from the fused
+                          // kernel MoE takes outside training on CUDA (only the auxiliary loss reads them)
   torch::Tensor experts;  // [N, k] selected experts (int64)
   torch::Tensor weights;  // [N, k] gate weights: selected affinities normalized, times the scaling factor
 };
@@ -149,7 +150,7 @@ class MoEImpl : public torch::nn::Module {
 
  private:
   torch::Tensor sequence_aux_loss(const Routing& routing, int64_t batch, int64_t seq) const;
-  torch::Tensor last_load_, pending_load_, aux_loss_;
+  torch::Tensor last_experts_, pending_load_, aux_loss_;
   std::shared_ptr<ExpertGroup> expert_group_;
 };
 TORCH_MODULE(MoE);

@@ -1,0 +1,40 @@
+#pragma once
+// Loads, stores and rounding of one FP32/BF16/FP16 element, for the fused kernels that compute in FP32 and round to
+// the tensor's dtype where the tensor ops they replace round (rotary_norm_kernel.cu, residual_mix_kernel.cu).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace slm::ops::cuda {
+
+__device__ __forceinline__ float load(const float* p) {
+  return *p;
+}
+__device__ __forceinline__ float load(const __nv_bfloat16* p) {
+  return __bfloat162float(*p);
+}
+__device__ __forceinline__ float load(const __half* p) {
+  return __half2float(*p);
+}
+
+// v rounded to the dtype of the (unused) pointer's element type, back in FP32.
+__device__ __forceinline__ float round_to(float v, const float*) {
+  return v;
+}
+__device__ __forceinline__ float round_to(float v, const __nv_bfloat16*) {
+  return __bfloat162float(__float2bfloat16(v));
+}
+__device__ __forceinline__ float round_to(float v, const __half*) {
+  return __half2float(__float2half(v));
+}
+
+__device__ __forceinline__ void store(float* p, float v) {
+  *p = v;
+}
+__device__ __forceinline__ void store(__nv_bfloat16* p, float v) {
+  *p = __float2bfloat16(v);
+}
+__device__ __forceinline__ void store(__half* p, float v) {
+  *p = __float2half(v);
+}
+
+}  // namespace slm::ops::cuda

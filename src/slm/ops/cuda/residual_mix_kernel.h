@@ -1,0 +1,17 @@
+#pragma once
+// Launcher of the residual-stream mix (src/slm/ops/cuda/residual_mix_kernel.cu); plain C++ so the .cu needs no torch.
+// The computation is ops::residual_mix's (src/slm/ops/residual_mix.h).
+#include <cstdint>
+#include <string>
+
+#include "slm/ops/cuda/decode_attention_kernels.h"
+
+namespace slm::ops::cuda {
+
+// out[i] = r * x[i] + b * x0[i] over n contiguous elements of one dtype; r and b point at one element each (device
+// memory, the same dtype), so a replayed CUDA graph reads their current values. stream: a cudaStream_t. Returns ""
+// or the CUDA error text.
+std::string residual_mix(DecodeDtype dtype, const void* x, const void* r, const void* x0, const void* b, void* out,
+                         int64_t n, void* stream);
+
+}  // namespace slm::ops::cuda

@@ -1,0 +1,10 @@
+#pragma once
+// A process-wide switch for the inference-only fused CUDA kernels that replace short chains of tensor ops with
+// equal results (rotary_norm.h, moe_route.h, residual_mix.h): on by default. Off, those ops run as tensor ops, so
+// that a benchmark measures both forms in one run and a test compares a whole model's step with and without them.
+namespace slm::ops {
+
+bool fused_kernels_enabled();
+void set_fused_kernels(bool enabled);
+
+}  // namespace slm::ops

@@ -1,0 +1,25 @@
+#pragma once
+// Rows against matrices picked by id on the device, read in place (cuda/gathered_linear_kernel.cu): the decode
+// step's routed experts in BF16/FP16/FP32, as nvfp4::gathered_linear_cuda is for NVFP4 experts.
+//   x [rows, in]; w [experts, out, in] (nn.Linear's layout per expert); ids [A] int64 on the device, each < experts,
+//   or undefined: A = rows * x_div assignments that all read w[0]; assignment a reads row a / x_div of x. Returns y [A,
+//   out] in x's dtype, y[a] = w[ids[a]] x[a / x_div], accumulated in FP32.
+#include <ATen/core/Tensor.h>
+
+namespace slm::ops {
+
+// Whether (with ops::fused_kernels_enabled()) gathered_linear runs here: a CUDA build, x and w on the GPU in one of
+// FP32/BF16/FP16, x [rows, *] and w contiguous with rows of whole 16-byte runs, no gradient wanted (the sizes are
+// checked by gathered_linear).
+bool gathered_linear_fusable(const at::Tensor& x, const at::Tensor& w);
+
+at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ids, int64_t x_div);
+
+// x [..., in] times w [out, in] transposed, as at::linear without a bias, by the gathered kernel where
+// gathered_linear_fusable allows and x is one row (a decode step of one sequence: on an H200 that kernel took
+// hybrid-250m's dense projections from 0.36 to ~0.19 ms per step against cuBLAS's batch-1 kernels, bench/RESULTS.md;
+// more rows are not measured and stay with at::linear).
+constexpr int64_t kGemvMaxRows = 1;
+at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& w);
+
+}  // namespace slm::ops

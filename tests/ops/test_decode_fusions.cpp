@@ -1,0 +1,234 @@
+// The decode step's fused CUDA kernels against the tensor ops they replace and plain float64 loops: the rotary
+// embedding + QK-norm (ops/rotary_norm.h), the MoE routing (ops/moe_route.h), the residual mix (ops/residual_mix.h)
+// and the routed experts read in place (ops/gathered_linear.h). Each runs only on a CUDA device; the CPU build keeps
+// the tensor ops.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "slm/model/layers/moe.h"
+#include "slm/model/layers/rope.h"
+#include "slm/ops/fused_kernels.h"
+#include "slm/ops/gathered_linear.h"
+#include "slm/ops/moe_route.h"
+#include "slm/ops/residual_mix.h"
+#include "slm/ops/rms_norm.h"
+#include "slm/ops/rotary_norm.h"
+#include "test_util.h"
+
+using namespace slm;
+using namespace slm::test;
+
+namespace {
+
+std::vector<double> host(const torch::Tensor& t) {
+  auto d = t.detach().cpu().to(torch::kDouble).contiguous();
+  return {d.data_ptr<double>(), d.data_ptr<double>() + d.numel()};
+}
+
+}  // namespace
+
+// Rotation alone equals model::Rope bit for bit (the kernel rounds where the ops round); with the weight it equals
+// Rope then ops::rms_norm to a rounding of the dtype, and both equal a float64 loop over the same tables.
+TEST(DecodeFusionsCuda, RotaryNormEqualsRopeThenRmsNormAndTheFloat64Loop) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(3);
+  const auto dev = torch::Device(torch::kCUDA);
+  for (auto dt : {torch::kFloat, torch::kBFloat16}) {
+    for (int64_t dim : {64, 128}) {
+      const int64_t b = 3, heads = 5, cap = 1500;
+      const model::Rope rope(dim, 100000.0);
+      const auto [cos, sin] = rope.tables(dev, dt, cap);
+      const auto x = (torch::randn({b, heads, dim}) * 2).to(dev, dt);
+      const auto at = torch::tensor({0L, 17L, 1499L}, torch::TensorOptions().dtype(torch::kLong).device(dev));
+      const auto w = (torch::rand({dim}) + 0.5).to(dev, dt);
+      ASSERT_TRUE(ops::rotary_norm_fusable(x, cos, w));
+      const model::RotaryPositions pos{0, at.view({b, 1}), cap};
+      const auto rotated = rope(x.unsqueeze(1), pos).squeeze(1);
+      const auto fused_rot = ops::rotary_norm_step(x, at, cos, sin, torch::Tensor(), 0.0);
+      EXPECT_TRUE(torch::equal(fused_rot, rotated)) << dt << " " << dim;
+
+      const auto fused = ops::rotary_norm_step(x, at, cos, sin, w, 1e-6);
+      const auto ops_ref = ops::rms_norm(rotated, w, 1e-6);
+      const double tol = dt == torch::kFloat ? 1e-5 : 1.6e-2;  // BF16: an ulp or two of values near 2
+      EXPECT_LT((fused.to(torch::kFloat) - ops_ref.to(torch::kFloat)).abs().max().item<double>(), tol) << dt;
+
+      // float64: the pairs (i, i + half) rotated by the tables' cos and sin at each row's position, then normalized.
+      const auto xs = host(x), cs = host(cos), ss = host(sin), ws = host(w), got = host(fused);
+      const int64_t half = dim / 2;
+      const std::vector<int64_t> p = {0, 17, 1499};
+      for (int64_t r = 0; r < b; ++r)
+        for (int64_t h = 0; h < heads; ++h) {
+          const double* v = xs.data() + (r * heads + h) * dim;
+          std::vector<double> y(dim);
+          for (int64_t i = 0; i < half; ++i) {
+            const double c = cs[p[r] * half + i], s = ss[p[r] * half + i];
+            y[i] = v[i] * c - v[i + half] * s;
+            y[i + half] = v[i + half] * c + v[i] * s;
+          }
+          double sq = 0;
+          for (double e : y) sq += e * e;
+          const double inv = 1.0 / std::sqrt(sq / dim + 1e-6);
+          for (int64_t i = 0; i < dim; ++i)
+            ASSERT_NEAR(got[(r * heads + h) * dim + i], y[i] * inv * ws[i], dt == torch::kFloat ? 1e-4 : 4e-2)
+                << dt << " row " << r << " head " << h << " dim " << i;
+        }
+    }
+  }
+}
+
+// The fused routing selects what model::route selects, in its order, with its gate weights; both equal a float64
+// selection. Expert counts below, at and above a warp's multiple, top-1 to top-8.
+TEST(DecodeFusionsCuda, FusedRoutingEqualsRouteAndTheFloat64Selection) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(4);
+  for (int64_t e : {8, 16, 40, 128, 256}) {
+    for (int64_t k : {1, 2, 4, 8}) {
+      if (k > e) continue;
+      const int64_t n = 37;
+      const auto logits = (torch::randn({n, e}) * 2).cuda();
+      const auto bias = (torch::randn({e}) * 0.1).cuda();
+      ASSERT_TRUE(ops::moe_route_fusable(logits, k));
+      const auto [experts, weights] = ops::moe_route_fused(logits, bias, k, 2.5);
+      const auto ref = model::route(logits, bias, k, 2.5);
+      EXPECT_TRUE(torch::equal(experts, ref.experts)) << e << " top-" << k;
+      EXPECT_LT((weights - ref.weights).abs().max().item<double>(), 1e-6) << e << " top-" << k;
+
+      const auto ls = host(logits), bs = host(bias), ws = host(weights);
+      const auto xs = experts.cpu();
+      for (int64_t t = 0; t < n; ++t) {
+        std::vector<double> score(e), biased(e);
+        for (int64_t j = 0; j < e; ++j) {
+          score[j] = 1.0 / (1.0 + std::exp(-ls[t * e + j]));
+          biased[j] = score[j] + bs[j];
+        }
+        std::vector<int64_t> order(e);
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return biased[a] > biased[c]; });
+        double total = 0;
+        for (int64_t s = 0; s < k; ++s) total += score[order[s]];
+        for (int64_t s = 0; s < k; ++s) {
+          ASSERT_EQ(xs[t][s].item<int64_t>(), order[s]) << e << " top-" << k << " token " << t;
+          ASSERT_NEAR(ws[t * k + s], score[order[s]] / total * 2.5, 2e-6);
+        }
+      }
+    }
+  }
+}
+
+// An MoE layer outside training routes with the fused kernel: its output equals the same layer routing with the
+// tensor ops (training mode), and its router statistics count the same selections.
+TEST(DecodeFusionsCuda, MoeLayerOutsideTrainingGivesTheTrainingModeOutput) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  auto j = nlohmann::json::parse(R"({
+    "name": "e", "vocab_size": 16, "d_model": 64, "depth": 1, "pattern": "E", "seq_len": 32,
+    "moe": {"routed_experts": 16, "experts_per_token": 4, "expert_hidden": 32, "shared_experts": 1,
+            "shared_expert_hidden": 32, "routed_scaling_factor": 1.5}
+  })");
+  model::MoE m(parse(j), torch::TensorOptions().device(torch::kCUDA));
+  m->expert_bias.copy_(torch::randn({16}) * 0.05);
+  for (auto& p : m->parameters()) p.normal_(0.0, 0.2);
+  const auto h = torch::randn({2, 3, 64}).cuda();
+  m->train();
+  const auto trained = m->forward(h);
+  const auto train_load = m->last_stats().load;
+  m->eval();
+  const auto evaluated = m->forward(h);
+  EXPECT_LT((evaluated - trained).abs().max().item<double>(), 1e-5);
+  EXPECT_EQ(m->last_stats().load, train_load);
+}
+
+// r * x + b * x0 in one kernel equals the three tensor ops bit for bit, in each dtype, on odd lengths.
+TEST(DecodeFusionsCuda, ResidualMixEqualsTheTensorOpsBitForBit) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(6);
+  for (auto dt : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+    for (int64_t n : {1, 1023, 4096 * 3 + 5}) {
+      const auto o = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+      const auto x = torch::randn({n}).to(o), x0 = torch::randn({n}).to(o);
+      // r and b are elements of one parameter, as the model's lambdas are.
+      const auto lambdas = torch::tensor({1.13, 0.17, 0.9}).to(o);
+      const auto got = ops::residual_mix(x, lambdas[0], x0, lambdas[1]);
+      const auto want = lambdas[0] * x + lambdas[1] * x0;
+      EXPECT_TRUE(torch::equal(got, want)) << dt << " " << n;
+      const auto xs = host(x), x0s = host(x0), gs = host(got), ls = host(lambdas);
+      for (int64_t i = 0; i < n; i += 97)
+        ASSERT_NEAR(gs[i], ls[0] * xs[i] + ls[1] * x0s[i], dt == torch::kFloat ? 1e-5 : 3e-2) << dt << " " << i;
+    }
+  }
+}
+
+// Each assignment's row against its own expert's matrix, read in place, equals a float64 product; through the MoE
+// layer, the decode step's gathered experts equal the per-expert loop and the copying form they replace.
+TEST(DecodeFusionsCuda, GatheredLinearEqualsEachAssignmentsMatrix) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(7);
+  for (auto dt : {torch::kFloat, torch::kBFloat16}) {
+    const int64_t experts = 6, out = 40, in = 72, rows = 3, k = 2;
+    const auto o = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+    const auto w = torch::randn({experts, out, in}).to(o), x = torch::randn({rows, in}).to(o);
+    const auto ids = torch::tensor({5L, 0L, 3L, 3L, 1L, 5L}).cuda();
+    ASSERT_TRUE(ops::gathered_linear_fusable(x, w));
+    const auto y = ops::gathered_linear(x, w, ids, k);
+    ASSERT_EQ(y.sizes(), (torch::IntArrayRef{rows * k, out}));
+    const auto wd = w.cpu().to(torch::kDouble), xd = x.cpu().to(torch::kDouble), got = y.cpu().to(torch::kDouble);
+    const auto idc = ids.cpu();
+    for (int64_t a = 0; a < rows * k; ++a) {
+      const auto want = wd[idc[a].item<int64_t>()].matmul(xd[a / k]);
+      const double scale = want.abs().max().item<double>();
+      EXPECT_LT((got[a] - want).abs().max().item<double>() / scale, dt == torch::kFloat ? 1e-6 : 8e-3)
+          << dt << " assignment " << a;
+    }
+  }
+
+  auto j = nlohmann::json::parse(R"({
+    "name": "e", "vocab_size": 16, "d_model": 64, "depth": 1, "pattern": "E", "seq_len": 32,
+    "moe": {"routed_experts": 16, "experts_per_token": 4, "expert_hidden": 48, "shared_experts": 0}
+  })");
+  model::MoE m(parse(j), torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16));
+  for (auto& p : m->parameters()) p.normal_(0.0, 0.2);
+  m->eval();
+  const auto u = torch::randn({2, 64}).cuda().to(torch::kBFloat16);
+  const auto routing = m->route_tokens(u);
+  const auto fused = model::gathered_experts(u, routing, *m->experts).to(torch::kFloat);
+  const auto loop = model::loop_experts(u, routing, *m->experts).to(torch::kFloat);
+  ops::set_fused_kernels(false);
+  const auto copied = model::gathered_experts(u, routing, *m->experts).to(torch::kFloat);
+  ops::set_fused_kernels(true);
+  const double scale = loop.abs().max().item<double>();
+  EXPECT_LT((fused - loop).abs().max().item<double>() / scale, 2e-2);
+  EXPECT_LT((fused - copied).abs().max().item<double>() / scale, 2e-2);
+  EXPECT_GT(scale, 0.0);
+}
+
+// A decode step's dense projections (one or two rows) take the same kernel with one matrix: equal to at::linear to
+// a rounding of the dtype, and to a float64 product.
+TEST(DecodeFusionsCuda, SmallBatchLinearEqualsTheFloat64Product) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(8);
+  for (auto dt : {torch::kFloat, torch::kBFloat16}) {
+    for (int64_t rows : {1, 2, 3}) {
+      const auto o = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+      const auto w = torch::randn({300, 256}).to(o), x = torch::randn({rows, 1, 256}).to(o);
+      const auto y = ops::small_batch_linear(x, w);
+      ASSERT_EQ(y.sizes(), (torch::IntArrayRef{rows, 1, 300}));
+      const auto want = x.cpu().to(torch::kDouble).matmul(w.cpu().to(torch::kDouble).t());
+      const double scale = want.abs().max().item<double>();
+      EXPECT_LT((y.cpu().to(torch::kDouble) - want).abs().max().item<double>() / scale,
+                dt == torch::kFloat ? 1e-6 : 8e-3)
+          << dt << " rows " << rows;
+      EXPECT_LT((y - at::linear(x, w)).abs().max().item<double>() / scale, dt == torch::kFloat ? 1e-5 : 8e-3);
+    }
+  }
+}
