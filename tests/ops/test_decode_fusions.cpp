@@ -146,7 +146,8 @@ TEST(DecodeFusionsCuda, MoeLayerOutsideTrainingGivesTheTrainingModeOutput) {
   EXPECT_EQ(m->last_stats().load, train_load);
 }
 
-// r * x + b * x0 in one kernel equals the three tensor ops bit for bit, in each dtype, on odd lengths.
+// r * x + b * x0 and r * (x + y) + b * x0 in one kernel equal the tensor ops bit for bit, in each dtype, on odd
+// lengths.
 TEST(DecodeFusionsCuda, ResidualMixEqualsTheTensorOpsBitForBit) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::NoGradGuard no_grad;
@@ -157,9 +158,14 @@ TEST(DecodeFusionsCuda, ResidualMixEqualsTheTensorOpsBitForBit) {
       const auto x = torch::randn({n}).to(o), x0 = torch::randn({n}).to(o);
       // r and b are elements of one parameter, as the model's lambdas are.
       const auto lambdas = torch::tensor({1.13, 0.17, 0.9}).to(o);
-      const auto got = ops::residual_mix(x, lambdas[0], x0, lambdas[1]);
+      const auto got = ops::residual_mix(x, torch::Tensor(), lambdas[0], x0, lambdas[1]);
       const auto want = lambdas[0] * x + lambdas[1] * x0;
       EXPECT_TRUE(torch::equal(got, want)) << dt << " " << n;
+      // With the previous layer's output added first.
+      const auto y = torch::randn({n}).to(o);
+      EXPECT_TRUE(
+          torch::equal(ops::residual_mix(x, y, lambdas[0], x0, lambdas[1]), lambdas[0] * (x + y) + lambdas[1] * x0))
+          << dt << " " << n;
       const auto xs = host(x), x0s = host(x0), gs = host(got), ls = host(lambdas);
       for (int64_t i = 0; i < n; i += 97)
         ASSERT_NEAR(gs[i], ls[0] * xs[i] + ls[1] * x0s[i], dt == torch::kFloat ? 1e-5 : 3e-2) << dt << " " << i;

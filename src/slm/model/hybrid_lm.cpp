@@ -81,12 +81,13 @@ torch::Tensor HybridLM::canonical(const torch::Tensor& tokens) const {
 torch::Tensor HybridLM::trunk(const torch::Tensor& x0, const LayerFn& block, const LayerFn& memory) {
   if (!mhc_head) {
     auto x = x0;
+    torch::Tensor y;  // the last layer's output, added to x inside the next mix (one kernel on the GPU)
     for (size_t l = 0; l < layers_.size(); ++l) {
-      x = ops::residual_mix(x, resid_lambdas[l], x0, x0_lambdas[l]);
+      x = ops::residual_mix(x, y, resid_lambdas[l], x0, x0_lambdas[l]);
       if (engram_[l]) x = x + memory(l, x.unsqueeze(2)).squeeze(2);
-      x = x + block(l, x);
+      y = block(l, x);
     }
-    return x;
+    return y.defined() ? x + y : x;
   }
   auto streams = x0.unsqueeze(2).expand({-1, -1, recipe_.mhc.streams, -1});
   for (size_t l = 0; l < layers_.size(); ++l) {

@@ -3,12 +3,15 @@
 // + mamba3_step: casts, the scalars, two RMSNorms, the rotation, three outer products). A decode step of
 // hybrid-250m ran ~1,200 kernels, most of them elementwise (bench/RESULTS.md).
 //
-// One CTA per (row b, head h), 256 threads:
+// CTAs per (row b, head h, block of kWarps state rows), 256 threads:
 //   Δ = softplus(dd_dt + dt_bias), λ = σ(trap), a = -max(f(dd_a), a_floor)·Δ (f the heavy tail), γ = λΔ, ε = (1-λ)Δ,
 //   α = e^a, β = εα;  φ_s = wrap(φ_s + Δ·π·tanh(angle_s)) into [0, 2π)
 //   k = rot_φ(RMSNorm(B_g)·w_B + b_bias_h), q likewise from C (interleaved pairs (2s, 2s+1), s < S), g = h / (H/G)
 //   S = α S + β x_prev k_prevᵀ + γ x kᵀ;  y = S q + D_h x;  the state keeps (φ, S, k, x).
-// Warps take rows p of S; lanes stride its N columns (coalesced), and a warp sum gives y_p.
+// Warps take rows p of S; lanes stride its N columns (coalesced), and a warp sum gives y_p. The P rows are spread
+// over gridDim.z CTAs of kWarps rows each, which all recompute the head's scalars and key (N entries): with one CTA
+// per head, hybrid-250m's 32 heads gave 32 CTAs on the H200's 132 SMs and each layer's step took ~20 us
+// (bench/RESULTS.md). The CTA of the first rows writes the state's phase, key and x.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -28,8 +31,12 @@ constexpr unsigned kFullMask = 0xffffffffu;
 constexpr float kPi = 3.14159265358979323846f;
 constexpr float kTwoPi = 6.28318530717958647692f;
 
-__device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) { return __bfloat162float(p[i]); }
+__device__ __forceinline__ float load(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -55,12 +62,12 @@ __global__ void __launch_bounds__(kThreads) mamba3_step_kernel(Mamba3StepShape s
   extern __shared__ float smem[];
   const int h = blockIdx.x, b = blockIdx.y;
   const int N = static_cast<int>(s.d_state), P = static_cast<int>(s.headdim), S = static_cast<int>(s.angles);
-  float* k = smem;          // [N] the new key
-  float* q = k + N;         // [N] the query
-  float* kp = q + N;        // [N] the previous key
-  float* x = kp + N;        // [P]
-  float* xp = x + P;        // [P]
-  float* phase = xp + P;    // [S]
+  float* k = smem;             // [N] the new key
+  float* q = k + N;            // [N] the query
+  float* kp = q + N;           // [N] the previous key
+  float* x = kp + N;           // [P]
+  float* xp = x + P;           // [P]
+  float* phase = xp + P;       // [S]
   float* scratch = phase + S;  // [kWarps]
 
   const T* row = static_cast<const T*>(a.proj) + b * s.width;
@@ -78,11 +85,12 @@ __global__ void __launch_bounds__(kThreads) mamba3_step_kernel(Mamba3StepShape s
   const float alpha = expf(-fmaxf(tail, s.a_floor) * dt);
   const float gamma = lambda * dt, beta = (1.f - lambda) * dt * alpha;
 
+  const bool first = blockIdx.z == 0;
   for (int i = threadIdx.x; i < S; i += kThreads) {
     float ph = a.angle_in[bh * S + i] + dt * (kPi * tanhf(load(row, scal + 3 * s.heads + i)));
     ph -= kTwoPi * floorf(ph / kTwoPi);
     phase[i] = ph;
-    a.angle_out[bh * S + i] = ph;
+    if (first) a.angle_out[bh * S + i] = ph;
   }
   // B and C of the head's group, their mean squares for the RMSNorm.
   float sb = 0.f, sc = 0.f;
@@ -124,16 +132,19 @@ __global__ void __launch_bounds__(kThreads) mamba3_step_kernel(Mamba3StepShape s
     q[n0] = q0;
   }
   __syncthreads();
-  for (int n = threadIdx.x; n < N; n += kThreads) a.k_out[bh * N + n] = k[n];
-  for (int p = threadIdx.x; p < P; p += kThreads) a.x_out[bh * P + p] = x[p];
+  if (first) {
+    for (int n = threadIdx.x; n < N; n += kThreads) a.k_out[bh * N + n] = k[n];
+    for (int p = threadIdx.x; p < P; p += kThreads) a.x_out[bh * P + p] = x[p];
+  }
   // The state and the output, a warp per row.
   const float dh = load(static_cast<const T*>(a.d), h);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const float* in = a.ssm_in + bh * P * N;
   float* out = a.ssm_out + bh * P * N;
-  for (int p = warp; p < P; p += kWarps) {
+  for (int p = static_cast<int>(blockIdx.z) * kWarps + warp; p < P; p += kWarps * static_cast<int>(gridDim.z)) {
     const float bx = beta * xp[p], gx = gamma * x[p];
     float dot = 0.f;
+#pragma unroll 4
     for (int n = lane; n < N; n += 32) {
       const float v = alpha * in[p * N + n] + bx * kp[n] + gx * k[n];
       out[p * N + n] = v;
@@ -148,7 +159,8 @@ __global__ void __launch_bounds__(kThreads) mamba3_step_kernel(Mamba3StepShape s
 
 std::string mamba3_step(const Mamba3StepShape& s, bool bf16, const Mamba3StepArgs& a, void* stream) {
   const size_t smem = sizeof(float) * (3 * s.d_state + 2 * s.headdim + s.angles + kWarps);
-  const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
+  const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch),
+                  static_cast<unsigned>((s.headdim + kWarps - 1) / kWarps));
   auto st = static_cast<cudaStream_t>(stream);
   if (bf16)
     mamba3_step_kernel<__nv_bfloat16><<<grid, kThreads, smem, st>>>(s, a);

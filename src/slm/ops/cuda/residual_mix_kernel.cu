@@ -1,6 +1,6 @@
-// The residual stream's per-layer mix r * x + b * x0 (nanochat's lambdas) in one kernel instead of three (two
-// products and their sum), rounding to the dtype after each as those tensor ops do, so the values are theirs bit for
-// bit.
+// The residual stream's per-layer mix r * (x + y) + b * x0 (nanochat's lambdas after the previous layer's output y)
+// in one kernel instead of four (the sum, two products and their sum), rounding to the dtype after each as those tensor
+// ops do, so the values are theirs bit for bit.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -15,38 +15,40 @@ namespace slm::ops::cuda {
 namespace {
 
 template <class T>
-__global__ void residual_mix_kernel(const T* __restrict__ x, const T* __restrict__ r, const T* __restrict__ x0,
-                                    const T* __restrict__ b, T* __restrict__ out, int64_t n) {
+__global__ void residual_mix_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ r,
+                                    const T* __restrict__ x0, const T* __restrict__ b, T* __restrict__ out, int64_t n) {
   const float rv = load(r), bv = load(b);
   const T* tag = nullptr;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     // _rn: no contraction into an FMA, which would skip the product's rounding that the tensor ops do in FP32.
-    store(out + i, __fadd_rn(round_to(__fmul_rn(rv, load(x + i)), tag), round_to(__fmul_rn(bv, load(x0 + i)), tag)));
+    const float xv = y ? round_to(__fadd_rn(load(x + i), load(y + i)), tag) : load(x + i);
+    store(out + i, __fadd_rn(round_to(__fmul_rn(rv, xv), tag), round_to(__fmul_rn(bv, load(x0 + i)), tag)));
+  }
 }
 
 template <class T>
-std::string launch(const void* x, const void* r, const void* x0, const void* b, void* out, int64_t n,
+std::string launch(const void* x, const void* y, const void* r, const void* x0, const void* b, void* out, int64_t n,
                    cudaStream_t stream) {
   constexpr int kThreads = 256;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
-  residual_mix_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(r),
-                                                          static_cast<const T*>(x0), static_cast<const T*>(b),
-                                                          static_cast<T*>(out), n);
+  residual_mix_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(y),
+                                                          static_cast<const T*>(r), static_cast<const T*>(x0),
+                                                          static_cast<const T*>(b), static_cast<T*>(out), n);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("residual mix kernel: ") + cudaGetErrorString(e);
 }
 
 }  // namespace
 
-std::string residual_mix(DecodeDtype dtype, const void* x, const void* r, const void* x0, const void* b, void* out,
-                         int64_t n, void* stream) {
+std::string residual_mix(DecodeDtype dtype, const void* x, const void* y, const void* r, const void* x0, const void* b,
+                         void* out, int64_t n, void* stream) {
   if (n == 0) return "";
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case DecodeDtype::kFloat: return launch<float>(x, r, x0, b, out, n, s);
-    case DecodeDtype::kBFloat16: return launch<__nv_bfloat16>(x, r, x0, b, out, n, s);
-    case DecodeDtype::kHalf: return launch<__half>(x, r, x0, b, out, n, s);
+    case DecodeDtype::kFloat: return launch<float>(x, y, r, x0, b, out, n, s);
+    case DecodeDtype::kBFloat16: return launch<__nv_bfloat16>(x, y, r, x0, b, out, n, s);
+    case DecodeDtype::kHalf: return launch<__half>(x, y, r, x0, b, out, n, s);
   }
   return "residual mix kernel: unknown dtype";
 }

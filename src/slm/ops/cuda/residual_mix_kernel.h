@@ -8,10 +8,10 @@
 
 namespace slm::ops::cuda {
 
-// out[i] = r * x[i] + b * x0[i] over n contiguous elements of one dtype; r and b point at one element each (device
-// memory, the same dtype), so a replayed CUDA graph reads their current values. stream: a cudaStream_t. Returns ""
-// or the CUDA error text.
-std::string residual_mix(DecodeDtype dtype, const void* x, const void* r, const void* x0, const void* b, void* out,
-                         int64_t n, void* stream);
+// out[i] = r * (x[i] + y[i]) + b * x0[i] over n contiguous elements of one dtype (y null: r * x[i] + b * x0[i]); r and
+// b point at one element each (device memory, the same dtype), so a replayed CUDA graph reads their current values.
+// stream: a cudaStream_t. Returns "" or the CUDA error text.
+std::string residual_mix(DecodeDtype dtype, const void* x, const void* y, const void* r, const void* x0, const void* b,
+                         void* out, int64_t n, void* stream);
 
 }  // namespace slm::ops::cuda
