@@ -243,6 +243,14 @@ torch::Tensor parallel_experts(const torch::Tensor& u, const Routing& routing, c
   return combine(back, s, routing, u.size(0));
 }
 
+namespace {
+// Sums the k expert outputs of each token, y [N*k, D] in assignment order, weighted by their gates.
+torch::Tensor combine_assignments(const torch::Tensor& y, const Routing& routing) {
+  const int64_t k = routing.experts.size(1);
+  return (y.view({-1, k, y.size(1)}) * routing.weights.to(y.scalar_type()).unsqueeze(-1)).sum(1);
+}
+}  // namespace
+
 torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
   if (experts.nvfp4())
     throw Error("gathered_experts: the experts run NVFP4 weights, which bmm cannot read (use loop_experts)");
@@ -251,20 +259,19 @@ torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, c
   if (ops::gathered_linear_fusable(u, experts.w13) && ops::gathered_linear_fusable(u, experts.w2)) {
     // Inference on the GPU: each assignment reads its expert's matrices in place instead of copies of them.
     auto h = ops::gathered_linear(u, experts.w13, ids, k);
-    auto y = ops::gathered_linear(swiglu_activation(h), experts.w2, ids, 1).view({n, k, d});
-    return (y * routing.weights.to(y.scalar_type()).unsqueeze(-1)).sum(1);
+    return combine_assignments(ops::gathered_linear(swiglu_activation(h), experts.w2, ids, 1), routing);
   }
   auto x = u.unsqueeze(1).expand({n, k, d}).reshape({n * k, 1, d});
   // The stacked weights are [E, out, in] like nn.Linear: the gathered [N*k, out, in] transposed is bmm's right side.
   auto h = torch::bmm(x, experts.w13.index_select(0, ids).transpose(1, 2));
-  auto y = torch::bmm(swiglu_activation(h), experts.w2.index_select(0, ids).transpose(1, 2)).view({n, k, d});
-  return (y * routing.weights.to(y.scalar_type()).unsqueeze(-1)).sum(1);
+  return combine_assignments(
+      torch::bmm(swiglu_activation(h), experts.w2.index_select(0, ids).transpose(1, 2)).view({n * k, d}), routing);
 }
 
 torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
   if (!experts.q13_stacked || !experts.q2_stacked)
     throw Error("nvfp4_gathered_experts: both expert projections must run NVFP4 weights");
-  const int64_t n = u.size(0), d = u.size(1), k = routing.experts.size(1);
+  const int64_t k = routing.experts.size(1);
   auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
   // Sorted on the device so that each expert's weights are read once for all of its rows, where that pays: more
   // assignments than experts, and experts big enough that reading one again costs more than the sort's kernels. On
@@ -282,7 +289,7 @@ torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& rout
   // In u's dtype between the projections and after, as the per-expert loop's nvfp4 linears return it.
   auto h = project(u, *experts.q13_stacked, k).to(u.scalar_type());
   auto y = project(swiglu_activation(h), *experts.q2_stacked, 1).to(u.scalar_type());
-  return (y.view({n, k, d}) * routing.weights.to(y.scalar_type()).unsqueeze(-1)).sum(1);
+  return combine_assignments(y, routing);
 }
 
 bool gathered_experts_pay(const torch::Tensor& u, int64_t k, const ExpertsImpl& experts) {
