@@ -15,8 +15,8 @@
 // device, counted as bytes read + written per second (STREAM's convention), best of 5. KV cache and recurrent-state
 // reads are left out, so the roofline is an upper bound.
 // --graph: the decode steps replay one CUDA graph (engine::GraphDecoder) instead of running the model eagerly.
-// --profile: after the timed steps, profiles --steps more of them through slm::train::Profiler (once for the GPU
-// kernels on CUDA, once for the host's operators) and prints both summaries.
+// --profile: after the timed steps, profiles one prefill and --steps more decode steps through slm::train::Profiler
+// (once for the GPU kernels on CUDA, once for the host's operators) and prints the summaries.
 // --unfused: the inference-only fused kernels (ops/fused_kernels.h) off, for a same-machine before/after.
 // --moe-paths: instead, the routed experts of each recipe's MoE layer alone, model::loop_experts against
 // model::gathered_experts for 1..32 tokens (median of 50 calls each): the measurement behind gathered_experts_pay.
@@ -153,7 +153,17 @@ Timing run_decode(slm::model::HybridLM& m, const Options& o, const torch::Device
   if (o.profile) {
     // Room for the profiled steps: a fresh state, prefilled like the timed one.
     auto more = m.new_state(o.batch, o.prompt + 2 * o.steps);
-    auto next = m.prefill_last(prompt, more).argmax(-1);
+    torch::Tensor next;
+    for (const bool gpu : {true, false}) {  // the prefill, profiled like the steps (the last run fills `more`)
+      if (gpu && !device.is_cuda()) continue;
+      auto scratch = m.new_state(o.batch, o.prompt + 2 * o.steps);
+      auto& target = gpu ? scratch : more;
+      slm::train::Profiler profiler;
+      profiler.start(gpu);
+      next = m.prefill_last(prompt, target).argmax(-1);
+      std::printf("prefill of %lld x %lld tokens:\n%s", static_cast<long long>(o.batch),
+                  static_cast<long long>(o.prompt), profiler.stop(1).text(40).c_str());
+    }
     if (o.graph) graph = std::make_unique<slm::engine::GraphDecoder>(m, more);
     auto step = [&](const torch::Tensor& token) { return graph ? graph->step(token) : m.decode(token, more); };
     for (const bool gpu : {true, false}) {
