@@ -2,14 +2,16 @@
 // one-request-at-a-time engine, measured in the same run on the same model.
 //   engine_bench [--recipe R] [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4 [--quantize-head]] [--requests 64]
 //                [--slots 64] [--prompt-tokens 128] [--max-tokens 128] [--serial-requests 4] [--no-graph]
-//                [--temperature 0] [--top-p 1] [--repetition-penalty 1]
-// Random weights (random_weights.h; --nvfp4: the matrices `slm quantize` quantizes in NVFP4, random codes). Every request has its own random prompt
-// and decodes (greedily by default; sampled with its own seed at --temperature > 0) for exactly
+//                [--temperature 0] [--top-p 1] [--repetition-penalty 1] [--profile]
+// Random weights (random_weights.h; --nvfp4: the matrices `slm quantize` quantizes in NVFP4, random codes). Every
+// request has its own random prompt and decodes (greedily by default; sampled with its own seed at --temperature > 0)
+// for exactly
 // --max-tokens tokens (no stop ids). A run submits all its requests at once and ends when the last one is done;
 // tokens/s = generated tokens / wall time, which includes the prompts' prefill (time to first token is reported
 // apart). Each engine first serves the same wave with 8 new tokens per request, untimed, so CUDA graph captures and
 // allocator growth fall outside the timed run. The one-at-a-time engine serves --serial-requests requests (its speed
-// does not depend on how many wait).
+// does not depend on how many wait). --profile: two more runs of the continuous-batching wave, profiled through
+// slm::train::Profiler (the GPU kernels, then the host's operators), their summaries printed.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -26,6 +28,7 @@
 #include "slm/engine/decode_engine.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/recipe/recipe.h"
+#include "slm/train/profile.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
 
@@ -40,7 +43,7 @@ struct Options {
   std::string device = "cpu";
   std::string dtype = "fp32";
   int64_t requests = 64, slots = 64, prompt = 128, max_tokens = 128, serial_requests = 4;
-  bool no_graph = false, nvfp4 = false, quantize_head = false;
+  bool no_graph = false, nvfp4 = false, quantize_head = false, profile = false;
   slm::engine::Sampling sampling{0.0, 1.0, 0, 0};
 };
 
@@ -121,6 +124,7 @@ int main(int argc, char** argv) {
   app.add_option("--temperature", o.sampling.temperature, "0: greedy")->capture_default_str();
   app.add_option("--top-p", o.sampling.top_p, "nucleus mass when sampling")->capture_default_str();
   app.add_option("--repetition-penalty", o.sampling.repetition_penalty, "1: none")->capture_default_str();
+  app.add_flag("--profile", o.profile, "also profile the continuous-batching wave (GPU kernels, host operators)");
   CLI11_PARSE(app, argc, argv);
   try {
     const auto recipe = slm::load_recipe(o.recipe);
@@ -158,6 +162,13 @@ int main(int argc, char** argv) {
     if (serial > 0)
       std::printf("ratio: continuous batching / one at a time = %.2fx\n",
                   static_cast<double>(r.tokens) / r.seconds / serial);
+    for (const bool gpu : {true, false}) {
+      if (!o.profile || (gpu && !device.is_cuda())) continue;
+      slm::train::Profiler profiler;
+      profiler.start(gpu);
+      serve(*engine, o.requests, o.prompt, o.max_tokens, recipe.vocab_size, o.sampling);
+      std::printf("%s", profiler.stop(1).text(40).c_str());
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "engine_bench: %s\n", e.what());
     return 1;

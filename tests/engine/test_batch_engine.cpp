@@ -92,19 +92,21 @@ TEST(BatchEngine, EachOfSixteenRequestsGetsItsTokensAlone) {
 // Prompts waiting together whose first chunks are equally long run that chunk in one forward: those that fit in it
 // take their first token and pool row from it, longer ones continue chunk by chunk from their row of it. Each still
 // gets exactly the tokens it gets alone. The engine is held (its model lock) while the requests arrive, so they wait
-// together.
+// together. The 8- and 13-token prompts share a first chunk of 8 and interleave, so the rows that end there reach the
+// pool as several runs of batch rows. Later prompts restore the prefixes the batches saved (rows of the shared batch
+// state).
 TEST(BatchEngine, EqualFirstChunksPrefillTogetherAndGetTheirTokensAlone) {
   test::single_threaded();
   auto m = hybrid_model(13);
-  const std::vector<int64_t> lengths = {7, 7, 13, 7, 7, 13, 7}, max_tokens = {1, 4, 5, 6, 3, 4, 2};
+  const std::vector<int64_t> lengths = {7, 7, 13, 7, 8, 7, 13, 8, 7, 8}, max_tokens = {1, 4, 5, 6, 3, 3, 4, 2, 2, 5};
   std::vector<std::vector<int64_t>> prompts, expected;
   for (size_t i = 0; i < lengths.size(); ++i) {
     prompts.push_back(prompt_of(lengths[i], 300 + i));
     expected.push_back(test::greedy_reference(*m, prompts.back(), max_tokens[i], {}, {}));
   }
   DecodeEngineOptions o;
-  o.slots = 8;
-  o.prefill_chunk = 8;  // 7-token prompts fit in one chunk; 13-token ones need two
+  o.slots = 10;
+  o.prefill_chunk = 8;  // 7- and 8-token prompts fit in one chunk; 13-token ones need two
   EngineModel em{m};
   auto eng = make_batch_engine(em, o);
   std::vector<Sink> sinks(prompts.size());
@@ -118,9 +120,21 @@ TEST(BatchEngine, EqualFirstChunksPrefillTogetherAndGetTheirTokensAlone) {
     EXPECT_EQ(r.finish, Finish::kLength) << "request " << i << ": " << r.error;
     EXPECT_EQ(sinks[i].tokens, expected[i]) << "request " << i;
   }
-  // At most the first request started alone; the other 7-token prompts went together, and so did the 13-token ones.
-  EXPECT_GE(eng->stats().batched_prompts, 6);
+  // At most the first request started alone; the other 7-token prompts went together, and so did the 8- and
+  // 13-token ones.
+  EXPECT_GE(eng->stats().batched_prompts, 9);
   EXPECT_EQ(eng->stats().running, 0);
+  EXPECT_EQ(eng->stats().reused_prompt_tokens, 0);
+  // Prompt 5 again (its whole prompt saved, row 4 or 5 of a batch), and prompt 6's first chunk with other tokens after.
+  auto longer = std::vector<int64_t>(prompts[6].begin(), prompts[6].begin() + 8);
+  for (int64_t t : prompt_of(6, 399)) longer.push_back(t + 1);
+  for (const auto& prompt : {prompts[5], longer}) {
+    Sink s;
+    eng->submit({prompt, {0.0, 1.0, 0, 0}, 4, {}}, s.callbacks());
+    EXPECT_EQ(s.wait().finish, Finish::kLength);
+    EXPECT_EQ(s.tokens, test::greedy_reference(*m, prompt, 4, {}, {}));
+  }
+  EXPECT_EQ(eng->stats().reused_prompt_tokens, 7 + 8);
 }
 
 TEST(BatchEngine, SampledRequestsRepeatAloneAndAmongOthers) {
@@ -278,6 +292,31 @@ TEST(DecodeStateRows, CopiedRowsAndViewsDecodeLikeTheirOwnStates) {
   EXPECT_THROW(pool.copy_row(sa, 0, 3, 7), Error);
   EXPECT_THROW(pool.copy_row(sa, 0, 0, 40), Error);
   EXPECT_THROW(pool.view_rows(2, 2), Error);
+}
+
+// Several rows in one copy: rows 1..2 of a batch of three prompts of 9 tokens into rows 0..1 of a pool, which then
+// decode as those prompts' own states do; the row range is checked.
+TEST(DecodeStateRows, ABlockOfRowsCopiesInOneCall) {
+  test::single_threaded();
+  torch::NoGradGuard no_grad;
+  auto m = hybrid_model(17);
+  const auto prompts = test::random_tokens(3, 9, 500, 4);
+  auto batch = m->new_state(3, 16);
+  m->prefill(prompts, batch);
+  auto pool = m->new_state(4, 32);
+  pool.copy_rows(batch, 1, 0, 2, 9);
+  auto rows = pool.view_rows(0, 2);
+  rows.positions.copy_(torch::tensor({9, 9}, torch::kLong));
+  rows.shift_length(-rows.length);
+  const auto got = m->decode(torch::tensor({5, 9}, torch::kLong), rows);
+  for (int64_t r = 0; r < 2; ++r) {
+    auto own = m->new_state(1, 16);
+    m->prefill(prompts.narrow(0, r + 1, 1), own);
+    const auto want = m->decode(torch::tensor({r == 0 ? 5 : 9}, torch::kLong), own);
+    EXPECT_LT(test::max_abs_diff(got[r], want[0]), 1e-5) << "row " << r;
+  }
+  EXPECT_THROW(pool.copy_rows(batch, 2, 0, 2, 9), Error);  // batch rows 2..3: the batch has 3
+  EXPECT_THROW(pool.copy_rows(batch, 0, 3, 2, 9), Error);  // pool rows 3..4: the pool has 4
 }
 
 }  // namespace

@@ -35,7 +35,8 @@ TEST(Documents, FromIdsGivesStartsAndPositions) {
   ASSERT_TRUE(d.has_value());
   EXPECT_TRUE(torch::equal(d->start, torch::tensor({1, 0, 1, 0, 0, 1, 1, 0, 0, 0, 0, 0}, torch::kBool).view({2, 6})));
   EXPECT_TRUE(torch::equal(d->pos, torch::tensor({0, 1, 0, 1, 2, 0, 0, 1, 2, 3, 4, 5}, torch::kLong).view({2, 6})));
-  EXPECT_TRUE(torch::equal(d->spans.id, torch::tensor({0, 0, 1, 1, 1, 2, 0, 0, 0, 0, 0, 0}, torch::kLong).view({2, 6})));
+  EXPECT_TRUE(
+      torch::equal(d->spans.id, torch::tensor({0, 0, 1, 1, 1, 2, 0, 0, 0, 0, 0, 0}, torch::kLong).view({2, 6})));
   EXPECT_TRUE(torch::equal(d->spans.cu_seqlens, torch::tensor({0, 2, 5, 6, 12}, torch::kInt)));
   EXPECT_EQ(d->spans.max_len, 6);
   // Rows of one document each are the unpacked path.
@@ -128,6 +129,27 @@ TEST(Documents, MtpTargetsDoNotCrossDocuments) {
   EXPECT_THROW(m.loss(x, y, doc_ids.narrow(1, 0, t)), Error);  // doc ids cover the window, T+1 tokens
 }
 
+// Without a gradient (inference: a prefill, the engine's batched first chunks) plain causal attention takes the flash
+// kernel too, which has no per-shape plan to build: for every batch size it equals the float64 reference, GQA and a
+// window included.
+TEST(Documents, InferenceCausalAttentionTakesFlashForAnyBatchOnCuda) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(5);
+  const int64_t h = 8, kv = 4, t = 40, hd = 64;
+  for (int64_t b : {1, 3, 7})
+    for (int64_t window : {0, 16}) {
+      SCOPED_TRACE("batch " + std::to_string(b) + ", window " + std::to_string(window));
+      auto bf = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
+      auto q = torch::randn({b, h, t, hd}, bf), k = torch::randn({b, kv, t, hd}, bf),
+           v = torch::randn({b, kv, t, hd}, bf);
+      auto out = ops::causal_attention(q, k, v, window, std::nullopt, nullptr);
+      auto ref = ops::causal_attention_ref(q.cpu().to(torch::kDouble), k.cpu().to(torch::kDouble),
+                                           v.cpu().to(torch::kDouble), window, std::nullopt, nullptr);
+      EXPECT_LT(max_abs_diff(out.cpu(), ref), 2e-2);
+    }
+}
+
 // On CUDA in BF16, packed documents and windows take flash attention's variable-length form: it equals the masked
 // float64 reference on the same (BF16-rounded) inputs, forward and gradients, GQA included.
 TEST(Documents, FlashAttentionMatchesTheMaskedReferenceOnCuda) {
@@ -147,7 +169,8 @@ TEST(Documents, FlashAttentionMatchesTheMaskedReferenceOnCuda) {
       auto w = torch::randn({b, h, t, hd}, torch::kDouble);
       auto out = ops::causal_attention(q, k, v, window, std::nullopt, packed ? &on_gpu.spans : nullptr);
       auto g = torch::autograd::grad({(out.to(torch::kDouble).cpu() * w).sum()}, {q, k, v});
-      auto q64 = q.detach().cpu().to(torch::kDouble).requires_grad_(), k64 = k.detach().cpu().to(torch::kDouble).requires_grad_();
+      auto q64 = q.detach().cpu().to(torch::kDouble).requires_grad_(),
+           k64 = k.detach().cpu().to(torch::kDouble).requires_grad_();
       auto v64 = v.detach().cpu().to(torch::kDouble).requires_grad_();
       auto ref = ops::causal_attention_ref(q64, k64, v64, window, std::nullopt, packed ? &docs->spans : nullptr);
       auto g_ref = torch::autograd::grad({(ref * w).sum()}, {q64, k64, v64});

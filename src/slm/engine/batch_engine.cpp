@@ -45,9 +45,12 @@ struct Sequence {
 // A prompt's state kept for later prompts that start with the same tokens.
 struct SavedPrefix {
   std::vector<int64_t> tokens;
-  model::DecodeState state;  // one row holding exactly `tokens`, its counters at their count
-  torch::Tensor logits;      // [1, V]: the next-token logits after them
-  uint64_t used = 0;         // when it was last saved or restored (least recently used go first)
+  // Row `row` holds exactly `tokens`. Prompts that prefilled together share their batch's state (one row each)
+  // rather than copying their rows out, so a batch's memory is freed with the last of its prefixes.
+  std::shared_ptr<const model::DecodeState> state;
+  int64_t row = 0;
+  torch::Tensor logits;  // [1, V]: the next-token logits after them
+  uint64_t used = 0;     // when it was last saved or restored (least recently used go first)
 };
 
 // A decode step of a run of leading rows: a view of the pool and, where allowed, the CUDA graph of a step on it.
@@ -75,6 +78,15 @@ class BatchEngine final : public QueuedEngine {
       pool_.shift_length(-pool_.length);
     }
     graphs_ = options_.cuda_graph && graph_decode_blocker(m, pool_).empty();
+    if (graphs_) {
+      // Every bucket's graph now: a size first met while requests wait took its capture (~0.15 s for hybrid-250m on
+      // an H200) out of their first tokens (bench/RESULTS.md). Capture runs no kernels; the pool stays as it is.
+      std::lock_guard turn(*model_.in_use);
+      for (int64_t size = 1;; size *= 2) {
+        bucket(std::min(size, options_.slots));
+        if (size >= options_.slots) break;
+      }
+    }
     start();
   }
   ~BatchEngine() override { stop(); }
@@ -164,7 +176,7 @@ class BatchEngine final : public QueuedEngine {
     SavedPrefix* best = longest_saved(prompt);
     if (!best) return {};
     const auto k = static_cast<int64_t>(best->tokens.size());
-    q.prompt_state->copy_row(best->state, 0, 0, k);
+    q.prompt_state->copy_row(*best->state, best->row, 0, k);
     q.prompt_state->shift_length(k);
     q.prefilled = k;
     best->used = ++clock_;
@@ -173,7 +185,10 @@ class BatchEngine final : public QueuedEngine {
   }
 
   // Keeps q's state after its first q.prefilled prompt tokens (logits: what follows them): row `row` of `state`.
-  void save_prefix(const Sequence& q, const model::DecodeState& state, int64_t row, const torch::Tensor& logits) {
+  // A state that goes on (a prompt's own) has that row copied out; `shared`, when given, is `state` itself and stays
+  // as it is (a batch of first chunks), so the saved prefix holds it instead of a copy of its row.
+  void save_prefix(const Sequence& q, const model::DecodeState& state, int64_t row, const torch::Tensor& logits,
+                   std::shared_ptr<const model::DecodeState> shared = nullptr) {
     const int64_t k = q.prefilled, budget = options_.prefix_cache_tokens;
     if (k > budget) return;
     const auto& prompt = q.job->request.prompt;
@@ -188,12 +203,17 @@ class BatchEngine final : public QueuedEngine {
       saved_tokens_ -= static_cast<int64_t>(lru->tokens.size());
       saved_.erase(lru);
     }
-    SavedPrefix s{std::vector<int64_t>(prompt.begin(), prompt.begin() + k), model_.model->new_state(1, k),
-                  logits.clone(), ++clock_};
-    s.state.copy_row(state, row, 0, k);
-    s.state.shift_length(k);
+    if (!shared) {
+      auto own = std::make_shared<model::DecodeState>(model_.model->new_state(1, k));
+      own->copy_row(state, row, 0, k);
+      own->shift_length(k);
+      shared = std::move(own);
+      row = 0;
+    }
+    // The logits are a prefill's own output (nothing writes them later), held without a copy.
+    saved_.push_back(
+        {std::vector<int64_t>(prompt.begin(), prompt.begin() + k), std::move(shared), row, logits, ++clock_});
     saved_tokens_ += k;
-    saved_.push_back(std::move(s));
   }
 
   // The next chunk of the oldest prompt; once it is all in, the first token and a row in the pool. A prompt starts
@@ -272,30 +292,42 @@ class BatchEngine final : public QueuedEngine {
         const auto& prompt = prefilling_[i].job->request.prompt;
         ids.insert(ids.end(), prompt.begin(), prompt.begin() + chunk);
       }
-      auto batch = m.new_state(g, chunk);
+      auto batch = std::make_shared<model::DecodeState>(m.new_state(g, chunk));
       const auto logits =
-          m.prefill_last(torch::tensor(ids, torch::kLong).view({g, chunk}).to(device_), batch);  // [g, V]
+          m.prefill_last(torch::tensor(ids, torch::kLong).view({g, chunk}).to(device_), *batch);  // [g, V]
+      std::vector<int64_t> ending;  // rows of the batch whose prompt ends with the chunk
+      std::vector<model::Sampler*> samplers;
       for (int64_t r = 0; r < g; ++r) {
-        const size_t i = group[static_cast<size_t>(r)];
-        Sequence& q = prefilling_[i];
+        Sequence& q = prefilling_[group[static_cast<size_t>(r)]];
         const auto n = static_cast<int64_t>(q.job->request.prompt.size());
-        const auto row_logits = logits.narrow(0, r, 1);
         q.prefilled = chunk;
-        if (options_.prefix_cache_tokens > 0) save_prefix(q, batch, r, row_logits);
+        if (options_.prefix_cache_tokens > 0) save_prefix(q, *batch, r, logits.narrow(0, r, 1), batch);
         if (chunk < n) {
           q.prompt_state = m.new_state(1, n);
-          q.prompt_state->copy_row(batch, r, 0, chunk);
+          q.prompt_state->copy_row(*batch, r, 0, chunk);
           q.prompt_state->shift_length(chunk);
           continue;
         }
-        const int64_t id =
-            q.sampler.sample(row_logits.masked_fill(banned_device_, -std::numeric_limits<float>::infinity()))
-                .item<int64_t>();
-        if (q.job->request.max_tokens > 1 && !q.job->cancelled) {
-          pool_.copy_row(batch, r, static_cast<int64_t>(rows_.size() + first_tokens.size()), n);
-          q.length = n;
+        ending.push_back(r);
+        samplers.push_back(&q.sampler);
+      }
+      if (!ending.empty()) {
+        // The ending rows take the pool rows after the running ones, in order: one copy per buffer for each run of
+        // consecutive batch rows (one run when every prompt ended), and their first tokens in one sampling pass.
+        const int64_t base = static_cast<int64_t>(rows_.size()), count = static_cast<int64_t>(ending.size());
+        for (int64_t j = 0, run = 1; j < count; j += run) {
+          run = 1;
+          while (j + run < count && ending[static_cast<size_t>(j + run)] == ending[static_cast<size_t>(j)] + run) ++run;
+          pool_.copy_rows(*batch, ending[static_cast<size_t>(j)], base + j, run, chunk);
         }
-        first_tokens.emplace_back(i, id);
+        const auto rows = count == g ? logits : logits.index_select(0, torch::tensor(ending).to(device_));
+        const auto first = model::Sampler::sample_rows(
+            samplers, rows.masked_fill(banned_device_, -std::numeric_limits<float>::infinity()));
+        for (int64_t j = 0; j < count; ++j) {
+          const size_t i = group[static_cast<size_t>(ending[static_cast<size_t>(j)])];
+          prefilling_[i].length = chunk;
+          first_tokens.emplace_back(i, first[static_cast<size_t>(j)]);
+        }
       }
       batched_prompts_ += g;
     } catch (const std::exception& e) {
@@ -306,7 +338,8 @@ class BatchEngine final : public QueuedEngine {
       first_tokens.clear();
     }
     // The finished prompts take the rows their states were copied into, in order; then each gets its first token,
-    // and one that it ends gives its row back (the last row moves in, as after a decode step).
+    // and one that it ends (max_tokens 1, cancelled) gives its row back (the last row moves in, as after a decode
+    // step).
     const size_t base = rows_.size();
     for (auto& [i, id] : first_tokens) {
       prefilling_[i].next = id;

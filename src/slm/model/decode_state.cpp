@@ -58,20 +58,21 @@ std::unique_ptr<LayerCache> TokenCache::view_rows(int64_t begin, int64_t count) 
   return v;
 }
 
-void TokenCache::copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t tokens) {
+void TokenCache::copy_rows(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t rows, int64_t tokens) {
   const auto* from = dynamic_cast<const TokenCache*>(&src);
   if (!from || from->streams_.size() != streams_.size())
-    throw Error("attention cache: copy_row from a cache of another layer");
+    throw Error("attention cache: copy_rows from a cache of another layer");
   if (tokens < 0 || tokens > capacity_ || tokens > from->capacity_)
     throw Error("attention cache: cannot copy " + std::to_string(tokens) + " tokens into a capacity of " +
                 std::to_string(capacity_));
   for (size_t i = 0; i < streams_.size(); ++i) {
     const auto &d = streams_[i], &f = from->streams_[i];
-    if (src_row < 0 || src_row >= f.storage.size(0) || dst_row < 0 || dst_row >= d.storage.size(0))
-      throw Error("attention cache: copy_row of rows outside the batch");
-    d.storage.narrow(0, dst_row, 1)
+    if (rows < 1 || src_row < 0 || src_row + rows > f.storage.size(0) || dst_row < 0 ||
+        dst_row + rows > d.storage.size(0))
+      throw Error("attention cache: copy_rows of rows outside the batch");
+    d.storage.narrow(0, dst_row, rows)
         .narrow(d.time_dim, 0, tokens)
-        .copy_(f.storage.narrow(0, src_row, 1).narrow(f.time_dim, 0, tokens));
+        .copy_(f.storage.narrow(0, src_row, rows).narrow(f.time_dim, 0, tokens));
   }
 }
 
@@ -141,21 +142,21 @@ DecodeState DecodeState::view_rows(int64_t begin, int64_t count) {
   return v;
 }
 
-void DecodeState::copy_row(const DecodeState& src, int64_t src_row, int64_t dst_row, int64_t n) {
-  if (src.layers.size() != layers.size()) throw Error("decode state: copy_row from a state of another model");
-  if (src_row < 0 || src_row >= src.batch() || dst_row < 0 || dst_row >= batch())
-    throw Error("decode state: copy_row of rows outside the batch");
+void DecodeState::copy_rows(const DecodeState& src, int64_t src_row, int64_t dst_row, int64_t rows, int64_t n) {
+  if (src.layers.size() != layers.size()) throw Error("decode state: copy_rows from a state of another model");
+  if (rows < 1 || src_row < 0 || src_row + rows > src.batch() || dst_row < 0 || dst_row + rows > batch())
+    throw Error("decode state: copy_rows of rows outside the batch");
   if (n < 0 || n > src.capacity() || n > capacity())
     throw Error("decode state: cannot copy " + std::to_string(n) + " tokens into a capacity of " +
                 std::to_string(capacity()));
   for (size_t l = 0; l < layers.size(); ++l) {
-    if (!layers[l] != !src.layers[l]) throw Error("decode state: copy_row from a state of another model");
-    if (layers[l]) layers[l]->copy_row(*src.layers[l], src_row, dst_row, n);
+    if (!layers[l] != !src.layers[l]) throw Error("decode state: copy_rows from a state of another model");
+    if (layers[l]) layers[l]->copy_rows(*src.layers[l], src_row, dst_row, rows, n);
   }
-  tokens.select(0, dst_row).narrow(0, 0, n).copy_(src.tokens.select(0, src_row).narrow(0, 0, n));
+  tokens.narrow(0, dst_row, rows).narrow(1, 0, n).copy_(src.tokens.narrow(0, src_row, rows).narrow(1, 0, n));
   if (hidden.defined() && src.hidden.defined())
-    hidden.select(0, dst_row).narrow(0, 0, n).copy_(src.hidden.select(0, src_row).narrow(0, 0, n));
-  if (positions.defined()) positions.narrow(0, dst_row, 1).fill_(n);
+    hidden.narrow(0, dst_row, rows).narrow(1, 0, n).copy_(src.hidden.narrow(0, src_row, rows).narrow(1, 0, n));
+  if (positions.defined()) positions.narrow(0, dst_row, rows).fill_(n);
   mtp.clear();
 }
 

@@ -35,7 +35,7 @@ class TokenCache : public LayerCache {
   void advance(int64_t t);
   void shift_length(int64_t n) override { length_ += n; }
   std::unique_ptr<LayerCache> view_rows(int64_t begin, int64_t count) override;
-  void copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t tokens) override;
+  void copy_rows(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t rows, int64_t tokens) override;
   void set_positions(torch::Tensor positions) { positions_ = std::move(positions); }
   const torch::Tensor& positions() const { return positions_; }
   // Elements stored per token and sequence over all streams (the KV-cache footprint of the layer).
@@ -86,10 +86,14 @@ struct DecodeState {
   // Rows [begin, begin + count) as a state of their own that shares this one's memory (LayerCache::view_rows),
   // with the same counters and no MTP cache.
   DecodeState view_rows(int64_t begin, int64_t count);
-  // Row src_row of src (a state of the same model, `tokens` <= src.capacity() tokens long) into row dst_row of this
-  // one: every cache (LayerCache::copy_row), the token and hidden history, and positions[dst_row] = tokens. Drops
-  // this state's MTP cache.
-  void copy_row(const DecodeState& src, int64_t src_row, int64_t dst_row, int64_t tokens);
+  // Rows [src_row, src_row + rows) of src (a state of the same model, each `tokens` <= src.capacity() tokens long)
+  // into rows [dst_row, dst_row + rows) of this one: every cache (LayerCache::copy_rows), the token and hidden
+  // history, and positions of those rows = tokens. One copy per buffer, whatever `rows` is. Drops this state's MTP
+  // cache.
+  void copy_rows(const DecodeState& src, int64_t src_row, int64_t dst_row, int64_t rows, int64_t tokens);
+  void copy_row(const DecodeState& src, int64_t src_row, int64_t dst_row, int64_t tokens) {
+    copy_rows(src, src_row, dst_row, 1, tokens);
+  }
 };
 
 }  // namespace slm::model

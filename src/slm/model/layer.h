@@ -27,10 +27,11 @@ class LayerCache {
   // lands here) and starts with the same counters. It never replaces a buffer, so it stays valid as long as this
   // cache's buffers do.
   virtual std::unique_ptr<LayerCache> view_rows(int64_t begin, int64_t count) = 0;
-  // Copies the first `tokens` tokens (a token cache) or the state (a recurrent cache) of row src_row of src, a cache
-  // the same layer made (any batch and capacity), into row dst_row of this one; the counters do not move. Throws
-  // slm::Error for a cache of another kind or rows, tokens out of range.
-  virtual void copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t tokens) = 0;
+  // Copies the first `tokens` tokens (a token cache) or the state (a recurrent cache) of rows [src_row, src_row +
+  // rows) of src, a cache the same layer made (any batch and capacity), into rows [dst_row, dst_row + rows) of this
+  // one, one copy per buffer whatever `rows` is; the counters do not move. Throws slm::Error for a cache of another
+  // kind or rows, tokens out of range.
+  virtual void copy_rows(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t rows, int64_t tokens) = 0;
 };
 
 class Layer : public torch::nn::Module {

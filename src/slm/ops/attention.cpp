@@ -1,5 +1,6 @@
 #include "slm/ops/attention.h"
 
+#include <ATen/core/grad_mode.h>
 #include <torch/torch.h>
 
 #include "slm/util/error.h"
@@ -72,7 +73,11 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   const int64_t s = k.size(2);
   const bool gqa = q.size(1) != k.size(1);
   const bool window_binds = window > 0 && window < s;
-  if ((docs || window_binds) && (!docs || docs->cu_seqlens.defined()) && flash_fits(q, k, v))
+  // Inference takes the flash kernel wherever it fits: SDPA's cuDNN backend builds a plan for every new batch size
+  // and length, which cost a continuous-batching engine ~0.1-0.2 s whenever its prompts grouped in a new way
+  // (bench/RESULTS.md). Training keeps cuDNN where it applies (fixed shapes).
+  const bool inference = !at::GradMode::is_enabled() || !(q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if ((docs || window_binds || inference) && (!docs || docs->cu_seqlens.defined()) && flash_fits(q, k, v))
     return flash_attention(q, k, v, window, scale, docs);
   if (docs) {  // [B, 1, T, S]: one mask per row, shared by the heads
     if (t != s) throw Error("causal_attention: packed documents need the whole rows (T == S)");

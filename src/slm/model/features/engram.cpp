@@ -264,11 +264,12 @@ std::unique_ptr<LayerCache> EngramLayerCache::view_rows(int64_t begin, int64_t c
   return v;
 }
 
-void EngramLayerCache::copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t tokens) {
+void EngramLayerCache::copy_rows(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t rows,
+                                 int64_t tokens) {
   const auto* from = dynamic_cast<const EngramLayerCache*>(&src);
-  if (!from || !from->layer != !layer) throw Error("Engram layer cache: copy_row from a cache of another layer");
-  if (layer) layer->copy_row(*from->layer, src_row, dst_row, tokens);
-  engram.copy_row(from->engram, src_row, dst_row, tokens);
+  if (!from || !from->layer != !layer) throw Error("Engram layer cache: copy_rows from a cache of another layer");
+  if (layer) layer->copy_rows(*from->layer, src_row, dst_row, rows, tokens);
+  engram.copy_rows(from->engram, src_row, dst_row, rows, tokens);
 }
 
 }  // namespace slm::model

@@ -80,7 +80,7 @@ class EngramLayerCache : public LayerCache {
     engram.shift_length(n);
   }
   std::unique_ptr<LayerCache> view_rows(int64_t begin, int64_t count) override;
-  void copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t tokens) override;
+  void copy_rows(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t rows, int64_t tokens) override;
   std::unique_ptr<LayerCache> layer;
   EngramCache engram;
 };

@@ -58,18 +58,18 @@ class RecurrentCache : public LayerCache {
     return v;
   }
 
-  void copy_row(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t) override {
+  void copy_rows(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t rows, int64_t) override {
     const auto* from = dynamic_cast<const RecurrentCache*>(&src);
-    if (!from) throw Error("recurrent layer cache: copy_row from a cache of another layer");
+    if (!from) throw Error("recurrent layer cache: copy_rows from a cache of another layer");
     State s = from->state_;
     auto d = state_.tensors();
     auto f = s.tensors();
     for (size_t i = 0; i < d.size(); ++i) {
-      if (d[i]->defined() != f[i]->defined()) throw Error("recurrent layer cache: copy_row between unlike states");
+      if (d[i]->defined() != f[i]->defined()) throw Error("recurrent layer cache: copy_rows between unlike states");
       if (!d[i]->defined()) continue;
-      if (src_row < 0 || src_row >= f[i]->size(0) || dst_row < 0 || dst_row >= d[i]->size(0))
-        throw Error("recurrent layer cache: copy_row of rows outside the batch");
-      d[i]->select(0, dst_row).copy_(f[i]->select(0, src_row));
+      if (rows < 1 || src_row < 0 || src_row + rows > f[i]->size(0) || dst_row < 0 || dst_row + rows > d[i]->size(0))
+        throw Error("recurrent layer cache: copy_rows of rows outside the batch");
+      d[i]->narrow(0, dst_row, rows).copy_(f[i]->narrow(0, src_row, rows));
     }
   }
 
