@@ -1,13 +1,14 @@
 // The decode step's fused CUDA kernels against the tensor ops they replace and plain float64 loops: the rotary
-// embedding + QK-norm (ops/rotary_norm.h), the MoE routing (ops/moe_route.h), the residual mix (ops/residual_mix.h)
-// and the routed experts read in place (ops/gathered_linear.h). Each runs only on a CUDA device; the CPU build keeps
-// the tensor ops.
+// embedding + QK-norm (ops/rotary_norm.h), the MoE routing and the assignments' order by expert (ops/moe_route.h),
+// the residual mix (ops/residual_mix.h) and the routed experts read in place (ops/gathered_linear.h). Each runs only on
+// a CUDA device; the CPU build keeps the tensor ops.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 #include "slm/model/layers/moe.h"
@@ -124,6 +125,45 @@ TEST(DecodeFusionsCuda, FusedRoutingEqualsRouteAndTheFloat64Selection) {
 
 // An MoE layer outside training routes with the fused kernel: its output equals the same layer routing with the
 // tensor ops (training mode), and its router statistics count the same selections.
+// The order by expert equals a stable sort written out on the host: the permutation, its inverse, the tokens and the
+// running counts, for a single token up to the kernel's 2,048 assignments, experts a warp multiple or not, and ids
+// that leave some experts without rows.
+TEST(DecodeFusionsCuda, ExpertOrderEqualsTheHostsStableSort) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(9);
+  for (const auto [n, k, e] : {std::tuple<int64_t, int64_t, int64_t>{1, 4, 16},
+                               {5, 2, 40},
+                               {64, 4, 16},
+                               {64, 8, 128},
+                               {300, 6, 7},
+                               {256, 8, 1024}}) {
+    const auto ids = torch::randint(e, {n, k}, torch::kLong);
+    ASSERT_TRUE(ops::expert_order_fusable(ids.cuda(), e));
+    const auto [order, inv, token, ends] = ops::expert_order_fused(ids.cuda(), e);
+    const auto* v = ids.data_ptr<int64_t>();
+    std::vector<int64_t> want(static_cast<size_t>(n * k));
+    std::iota(want.begin(), want.end(), 0);
+    std::stable_sort(want.begin(), want.end(), [&](int64_t a, int64_t b) { return v[a] < v[b]; });
+    std::vector<int64_t> want_inv(want.size()), want_token(want.size()), want_ends(static_cast<size_t>(e), 0);
+    for (size_t at = 0; at < want.size(); ++at) {
+      want_inv[static_cast<size_t>(want[at])] = static_cast<int64_t>(at);
+      want_token[at] = want[at] / k;
+      for (int64_t x = v[want[at]]; x < e; ++x) ++want_ends[static_cast<size_t>(x)];
+    }
+    const auto as_vec = [](const torch::Tensor& t) {
+      auto c = t.cpu().to(torch::kLong).contiguous();
+      return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+    };
+    EXPECT_EQ(as_vec(order), want) << n << "x" << k << " over " << e;
+    EXPECT_EQ(as_vec(inv), want_inv) << n << "x" << k << " over " << e;
+    EXPECT_EQ(as_vec(token), want_token) << n << "x" << k << " over " << e;
+    EXPECT_EQ(as_vec(ends), want_ends) << n << "x" << k << " over " << e;
+    EXPECT_EQ(ends.scalar_type(), torch::kInt);
+  }
+  EXPECT_FALSE(ops::expert_order_fusable(torch::zeros({2049, 1}, torch::kLong).cuda(), 16));
+  EXPECT_FALSE(ops::expert_order_fusable(torch::zeros({4, 2}, torch::kLong), 16));  // the CPU keeps the sort
+}
+
 TEST(DecodeFusionsCuda, MoeLayerOutsideTrainingGivesTheTrainingModeOutput) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::NoGradGuard no_grad;
@@ -217,8 +257,76 @@ TEST(DecodeFusionsCuda, GatheredLinearEqualsEachAssignmentsMatrix) {
   EXPECT_GT(scale, 0.0);
 }
 
-// A decode step's dense projections (one or two rows) take the same kernel with one matrix: equal to at::linear to
-// a rounding of the dtype, and to a float64 product.
+// The MoE's down projection in one kernel (SwiGLU of each assignment's hidden row, its expert's w2, the gate-weighted
+// sum over the slots, the shared expert) equals the float64 sum written out; through the MoE layer, a decode step's
+// tokens get what the tensor ops give (ops::set_fused_kernels(false)), with and without a shared expert.
+TEST(DecodeFusionsCuda, SwigluCombineEqualsTheFloat64Experts) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(10);
+  const auto silu = [](const torch::Tensor& v) { return v / (1 + torch::exp(-v)); };
+  for (auto dt : {torch::kFloat, torch::kBFloat16}) {
+    for (const bool with_shared : {true, false}) {
+      const int64_t tokens = 3, k = 3, experts = 7, out = 40, hidden = 24, shared_hidden = 32;
+      const auto o = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+      const auto h = torch::randn({tokens * k, 2 * hidden}).to(o), w = torch::randn({experts, out, hidden}).to(o);
+      const auto hs = torch::randn({tokens, 2 * shared_hidden}).to(o), ws = torch::randn({out, shared_hidden}).to(o);
+      const auto ids = torch::tensor({6L, 0L, 2L, 2L, 5L, 1L, 0L, 3L, 6L}).cuda();
+      const auto gates = torch::rand({tokens, k}).cuda();
+      ASSERT_TRUE(ops::gathered_swiglu_combine_fusable(h, w, k, with_shared ? ws : torch::Tensor()));
+      const auto y = ops::gathered_swiglu_combine(h, w, ids, gates, with_shared ? hs : torch::Tensor(),
+                                                  with_shared ? ws : torch::Tensor());
+      ASSERT_EQ(y.sizes(), (torch::IntArrayRef{tokens, out}));
+      const auto hd = h.cpu().to(torch::kDouble), wd = w.cpu().to(torch::kDouble), gd = gates.cpu().to(torch::kDouble);
+      const auto hsd = hs.cpu().to(torch::kDouble), wsd = ws.cpu().to(torch::kDouble), idc = ids.cpu();
+      const auto got = y.cpu().to(torch::kDouble);
+      for (int64_t t = 0; t < tokens; ++t) {
+        auto want = torch::zeros({out}, torch::kDouble);
+        for (int64_t s = 0; s < k; ++s) {
+          const auto row = hd[t * k + s];
+          const auto act = silu(row.narrow(0, 0, hidden)) * row.narrow(0, hidden, hidden);
+          want += gd[t][s] * wd[idc[t * k + s].item<int64_t>()].matmul(act);
+        }
+        if (with_shared)
+          want += wsd.matmul(silu(hsd[t].narrow(0, 0, shared_hidden)) * hsd[t].narrow(0, shared_hidden, shared_hidden));
+        const double scale = want.abs().max().item<double>();
+        EXPECT_LT((got[t] - want).abs().max().item<double>() / scale, dt == torch::kFloat ? 1e-5 : 8e-3)
+            << dt << " shared " << with_shared << " token " << t;
+      }
+    }
+  }
+  EXPECT_THROW(ops::gathered_swiglu_combine(torch::randn({4, 48}).cuda(), torch::randn({7, 40, 24}).cuda(),
+                                            torch::zeros({4}, torch::kLong).cuda(), torch::rand({2, 3}).cuda(),
+                                            torch::Tensor(), torch::Tensor()),
+               Error);  // 4 rows of h for 2 tokens x 3 slots
+
+  for (const int64_t shared_experts : {1, 0}) {
+    for (auto dt : {torch::kFloat, torch::kBFloat16}) {
+      auto j = nlohmann::json::parse(R"({
+        "name": "e", "vocab_size": 16, "d_model": 64, "depth": 1, "pattern": "E", "seq_len": 32,
+        "moe": {"routed_experts": 16, "experts_per_token": 4, "expert_hidden": 48, "shared_expert_hidden": 40,
+                "routed_scaling_factor": 2.5}
+      })");
+      j["moe"]["shared_experts"] = shared_experts;
+      model::MoE m(parse(j), torch::TensorOptions().device(torch::kCUDA).dtype(dt));
+      for (auto& p : m->parameters()) p.normal_(0.0, 0.2);
+      m->eval();
+      const auto h = torch::randn({1, 2, 64}).cuda().to(dt);  // two tokens, 8 assignments: the decode path
+      const auto fused = m->forward(h).to(torch::kFloat);
+      ops::set_fused_kernels(false);
+      const auto tensor_ops = m->forward(h).to(torch::kFloat);
+      ops::set_fused_kernels(true);
+      const double scale = tensor_ops.abs().max().item<double>();
+      EXPECT_GT(scale, 0.0);
+      EXPECT_LT((fused - tensor_ops).abs().max().item<double>() / scale, dt == torch::kFloat ? 1e-5 : 2e-2)
+          << dt << " shared experts " << shared_experts;
+    }
+  }
+}
+
+// A decode step's dense projections (one row) take the same kernel with one matrix: equal to at::linear to a rounding
+// of the dtype, and to a float64 product; with FP32 output (the router's logits) equal to the float64 product to FP32's
+// rounding.
 TEST(DecodeFusionsCuda, SmallBatchLinearEqualsTheFloat64Product) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::NoGradGuard no_grad;
@@ -234,7 +342,14 @@ TEST(DecodeFusionsCuda, SmallBatchLinearEqualsTheFloat64Product) {
       EXPECT_LT((y.cpu().to(torch::kDouble) - want).abs().max().item<double>() / scale,
                 dt == torch::kFloat ? 1e-6 : 8e-3)
           << dt << " rows " << rows;
-      EXPECT_LT((y - at::linear(x, w)).abs().max().item<double>() / scale, dt == torch::kFloat ? 1e-5 : 8e-3);
+      // Beyond kGemvMaxRows the product is at::linear itself.
+      if (rows <= ops::kGemvMaxRows)
+        EXPECT_LT((y - at::linear(x, w)).abs().max().item<double>() / scale, dt == torch::kFloat ? 1e-5 : 8e-3);
+      // FP32 out from the inputs as they are: BF16 products are exact in FP32, so only the sum's order differs.
+      const auto yf = ops::small_batch_linear_float(x, w);
+      ASSERT_EQ(yf.scalar_type(), torch::kFloat);
+      EXPECT_LT((yf.cpu().to(torch::kDouble) - want).abs().max().item<double>() / scale, 1e-6)
+          << dt << " rows " << rows;
     }
   }
 }

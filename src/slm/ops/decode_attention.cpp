@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "slm/ops/decode_dtype.h"
 #include "slm/util/error.h"
 
 #ifdef SLM_WITH_CUDA
@@ -31,8 +32,8 @@ void check(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const 
 #ifdef SLM_WITH_CUDA
 bool kernel_fits(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const auto dt = q.scalar_type();
-  return q.is_cuda() && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) && k.scalar_type() == dt &&
-         v.scalar_type() == dt && k.is_contiguous() && v.is_contiguous() && cuda::decode_attention_supported(q.size(2));
+  return q.is_cuda() && decode_dtype_supported(dt) && k.scalar_type() == dt && v.scalar_type() == dt &&
+         k.is_contiguous() && v.is_contiguous() && cuda::decode_attention_supported(q.size(2));
 }
 
 at::Tensor decode_attention_cuda(const at::Tensor& q_in, const at::Tensor& k, const at::Tensor& v,
@@ -47,9 +48,7 @@ at::Tensor decode_attention_cuda(const at::Tensor& q_in, const at::Tensor& k, co
   auto f32 = q.options().dtype(at::kFloat);
   auto ml = at::empty({b, h, splits, 2}, f32), acc = at::empty({b, h, splits, d}, f32);
   auto out = at::empty_like(q);
-  const auto dtype = q.scalar_type() == at::kFloat      ? cuda::DecodeDtype::kFloat
-                     : q.scalar_type() == at::kBFloat16 ? cuda::DecodeDtype::kBFloat16
-                                                        : cuda::DecodeDtype::kHalf;
+  const auto dtype = decode_dtype(q.scalar_type());
   const std::string err = cuda::decode_attention(
       s, dtype, q.data_ptr(), k.data_ptr(), v.data_ptr(), lengths.data_ptr<int64_t>(), out.data_ptr(),
       ml.data_ptr<float>(), acc.data_ptr<float>(), c10::cuda::getCurrentCUDAStream(q.device().index()).stream());

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include "slm/ops/decode_dtype.h"
 #include "slm/ops/fused_kernels.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
@@ -16,21 +17,33 @@
 
 namespace slm::ops {
 
+#ifdef SLM_WITH_CUDA
+namespace {
+
+// x contiguous with its data 16-byte aligned (a copy when it is not).
+at::Tensor aligned(const at::Tensor& x) {
+  auto c = x.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 != 0 ? c.clone() : c;
+}
+
+}  // namespace
+#endif
+
 bool gathered_linear_fusable(const at::Tensor& x, const at::Tensor& w) {
 #ifdef SLM_WITH_CUDA
   const auto dt = x.scalar_type();
   const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad());
-  return fused_kernels_enabled() && x.is_cuda() && !grad &&
-         (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) && w.scalar_type() == dt && w.dim() == 3 &&
-         w.is_contiguous() && w.device() == x.device() && x.dim() == 2 && (w.size(2) * w.element_size()) % 16 == 0 &&
-         reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0;
+  return fused_kernels_enabled() && x.is_cuda() && !grad && decode_dtype_supported(dt) && w.scalar_type() == dt &&
+         w.dim() == 3 && w.is_contiguous() && w.device() == x.device() && x.dim() == 2 &&
+         (w.size(2) * w.element_size()) % 16 == 0 && reinterpret_cast<uintptr_t>(w.data_ptr()) % 16 == 0;
 #else
   (void)x, (void)w;
   return false;
 #endif
 }
 
-at::Tensor gathered_linear(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& ids_in, int64_t x_div) {
+at::Tensor gathered_linear(const at::Tensor& x_in, const at::Tensor& w, const at::Tensor& ids_in, int64_t x_div,
+                           bool float_out) {
   if (!gathered_linear_fusable(x_in, w))
     throw Error("gathered_linear: no fused kernel for x " + shape_text(x_in) + " and w " + shape_text(w) +
                 " here (check gathered_linear_fusable)");
@@ -41,17 +54,14 @@ at::Tensor gathered_linear(const at::Tensor& x_in, const at::Tensor& w, const at
     throw Error("gathered_linear: ids must be [A] on x's device with A <= rows * x_div");
 #ifdef SLM_WITH_CUDA
   const c10::cuda::CUDAGuard guard(x_in.device());
-  auto x = x_in.contiguous();
-  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0) x = x.clone();  // rows are whole 16-byte runs from here
+  const auto x = aligned(x_in);  // rows are whole 16-byte runs from here
   const auto ids = ids_in.defined() ? ids_in.to(at::kLong).contiguous() : at::Tensor();
   const int64_t a = ids.defined() ? ids.size(0) : x.size(0) * x_div, out = w.size(1), in = w.size(2);
-  auto y = at::empty({a, out}, x.options());
-  const auto dtype = x.scalar_type() == at::kFloat      ? cuda::DecodeDtype::kFloat
-                     : x.scalar_type() == at::kBFloat16 ? cuda::DecodeDtype::kBFloat16
-                                                        : cuda::DecodeDtype::kHalf;
+  auto y = at::empty({a, out}, float_out ? x.options().dtype(at::kFloat) : x.options());
+  const auto dtype = decode_dtype(x.scalar_type());
   const std::string err = cuda::gathered_linear(
-      dtype, x.data_ptr(), w.data_ptr(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr, y.data_ptr(), a, x_div, out,
-      in, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+      dtype, x.data_ptr(), w.data_ptr(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr, y.data_ptr(), float_out, a,
+      x_div, out, in, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
   if (!err.empty()) throw Error("gathered_linear: " + err);
   return y;
 #else
@@ -59,15 +69,75 @@ at::Tensor gathered_linear(const at::Tensor& x_in, const at::Tensor& w, const at
 #endif
 }
 
-at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& w) {
+namespace {
+
+// x [..., in] times w [out, in] transposed through the gathered kernel where it applies, else `otherwise()`.
+template <class Otherwise>
+at::Tensor one_row_linear(const at::Tensor& x, const at::Tensor& w, bool float_out, Otherwise&& otherwise) {
   const int64_t in = x.size(-1), rows = in > 0 ? x.numel() / in : 0;
-  if (rows < 1 || rows > kGemvMaxRows || w.dim() != 2 || w.size(1) != in) return at::linear(x, w);
+  if (rows < 1 || rows > kGemvMaxRows || w.dim() != 2 || w.size(1) != in) return otherwise();
   const auto flat = x.reshape({rows, in});
   const auto stacked = w.unsqueeze(0);
-  if (!gathered_linear_fusable(flat, stacked)) return at::linear(x, w);
+  if (!gathered_linear_fusable(flat, stacked)) return otherwise();
   auto shape = x.sizes().vec();
   shape.back() = w.size(0);
-  return gathered_linear(flat, stacked, at::Tensor(), 1).view(shape);
+  return gathered_linear(flat, stacked, at::Tensor(), 1, float_out).view(shape);
+}
+
+}  // namespace
+
+at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& w) {
+  return one_row_linear(x, w, false, [&] { return at::linear(x, w); });
+}
+
+at::Tensor small_batch_linear_float(const at::Tensor& x, const at::Tensor& w) {
+  return one_row_linear(x, w, true, [&] { return at::linear(x.to(at::kFloat), w.to(at::kFloat)); });
+}
+
+bool gathered_swiglu_combine_fusable(const at::Tensor& x, const at::Tensor& w, int64_t k, const at::Tensor& w_shared) {
+#ifdef SLM_WITH_CUDA
+  if (!gathered_linear_fusable(x, w) || k < 1) return false;
+  int64_t shared_hidden = 0;
+  if (w_shared.defined()) {
+    if (!gathered_linear_fusable(x, w_shared.unsqueeze(0)) || w_shared.size(0) != w.size(1)) return false;
+    shared_hidden = w_shared.size(1);
+  }
+  return cuda::combine_shared_bytes(k, w.size(2), shared_hidden) <= cuda::kMaxCombineSharedBytes;
+#else
+  (void)h, (void)w, (void)k, (void)w_shared;
+  return false;
+#endif
+}
+
+at::Tensor gathered_swiglu_combine(const at::Tensor& h_in, const at::Tensor& w, const at::Tensor& ids_in,
+                                   const at::Tensor& gates_in, const at::Tensor& h_shared_in,
+                                   const at::Tensor& w_shared) {
+  const int64_t k = gates_in.dim() == 2 ? gates_in.size(1) : 0, tokens = gates_in.dim() == 2 ? gates_in.size(0) : 0;
+  if (!gathered_swiglu_combine_fusable(h_in, w, k, w_shared) || h_shared_in.defined() != w_shared.defined())
+    throw Error("gathered_swiglu_combine: no fused kernel for h " + shape_text(h_in) + " and w " + shape_text(w) +
+                " here (check gathered_swiglu_combine_fusable)");
+  if (h_in.dim() != 2 || h_in.size(0) != tokens * k || h_in.size(1) != 2 * w.size(2) || ids_in.numel() != tokens * k ||
+      ids_in.device() != h_in.device() || gates_in.device() != h_in.device() ||
+      (h_shared_in.defined() && h_shared_in.sizes() != at::IntArrayRef{tokens, 2 * w_shared.size(1)}))
+    throw Error("gathered_swiglu_combine: h " + shape_text(h_in) + ", w " + shape_text(w) + ", ids " +
+                shape_text(ids_in) + ", gates " + shape_text(gates_in) +
+                " and the shared rows do not describe the same tokens, slots and hidden size");
+#ifdef SLM_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(h_in.device());
+  const auto h = aligned(h_in), h_shared = h_shared_in.defined() ? aligned(h_shared_in) : at::Tensor();
+  const auto ids = ids_in.to(at::kLong).contiguous(), gates = gates_in.to(at::kFloat).contiguous();
+  const int64_t out = w.size(1), hidden = w.size(2), shared_hidden = w_shared.defined() ? w_shared.size(1) : 0;
+  auto y = at::empty({tokens, out}, h.options());
+  const std::string err = cuda::gathered_swiglu_combine(
+      decode_dtype(h.scalar_type()), h.data_ptr(), w.data_ptr(), ids.data_ptr<int64_t>(), gates.data_ptr<float>(),
+      h_shared.defined() ? h_shared.data_ptr() : nullptr, w_shared.defined() ? w_shared.data_ptr() : nullptr,
+      y.data_ptr(), tokens, k, out, hidden, shared_hidden,
+      c10::cuda::getCurrentCUDAStream(h.device().index()).stream());
+  if (!err.empty()) throw Error("gathered_swiglu_combine: " + err);
+  return y;
+#else
+  throw Error("gathered_swiglu_combine: a CPU build has no fused kernel");
+#endif
 }
 
 }  // namespace slm::ops

@@ -3,7 +3,7 @@
 // step's routed experts in BF16/FP16/FP32, as nvfp4::gathered_linear_cuda is for NVFP4 experts.
 //   x [rows, in]; w [experts, out, in] (nn.Linear's layout per expert); ids [A] int64 on the device, each < experts,
 //   or undefined: A = rows * x_div assignments that all read w[0]; assignment a reads row a / x_div of x. Returns y [A,
-//   out] in x's dtype, y[a] = w[ids[a]] x[a / x_div], accumulated in FP32.
+//   out] in x's dtype (FP32 with float_out), y[a] = w[ids[a]] x[a / x_div], accumulated in FP32.
 #include <ATen/core/Tensor.h>
 
 namespace slm::ops {
@@ -13,7 +13,8 @@ namespace slm::ops {
 // checked by gathered_linear).
 bool gathered_linear_fusable(const at::Tensor& x, const at::Tensor& w);
 
-at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ids, int64_t x_div);
+at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& ids, int64_t x_div,
+                           bool float_out = false);
 
 // x [..., in] times w [out, in] transposed, as at::linear without a bias, by the gathered kernel where
 // gathered_linear_fusable allows and x is one row (a decode step of one sequence: on an H200 that kernel took
@@ -21,5 +22,20 @@ at::Tensor gathered_linear(const at::Tensor& x, const at::Tensor& w, const at::T
 // more rows are not measured and stay with at::linear).
 constexpr int64_t kGemvMaxRows = 1;
 at::Tensor small_batch_linear(const at::Tensor& x, const at::Tensor& w);
+// The same in FP32 from x and w as they are: at::linear(x.float(), w.float()) up to the order of the sum, without the
+// two casts (the MoE router's logits).
+at::Tensor small_batch_linear_float(const at::Tensor& x, const at::Tensor& w);
+
+// The down projection of a decode step's MoE and everything around it, in one kernel (cuda/gathered_linear_kernel.cu):
+//   y[t] = sum over s < k of gates[t, s] w[ids[t k + s]] act(h[t k + s])  +  w_shared act(h_shared[t])
+// with act(v) = silu(v[:H]) * v[H:] (SwiGLU), h [N k, 2H] (the gathered up projections), w [E, D, H], ids [N k] int64,
+// gates [N, k]; h_shared [N, 2Hs] and w_shared [D, Hs] (a shared expert's) or both undefined. Returns y [N, D] in h's
+// dtype, computed in FP32 from the inputs and rounded once (the tensor ops round act, each product and each gated
+// term to the dtype). The _fusable check, before h exists (x: a tensor of h's dtype and device, such as the layer's
+// input): gathered_linear_fusable's conditions for x and w, w_shared like them, and the k H + Hs activations within
+// the kernel's shared memory.
+bool gathered_swiglu_combine_fusable(const at::Tensor& x, const at::Tensor& w, int64_t k, const at::Tensor& w_shared);
+at::Tensor gathered_swiglu_combine(const at::Tensor& h, const at::Tensor& w, const at::Tensor& ids,
+                                   const at::Tensor& gates, const at::Tensor& h_shared, const at::Tensor& w_shared);
 
 }  // namespace slm::ops

@@ -4,6 +4,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <numbers>
 #include <optional>
 #include <string>
@@ -478,6 +479,10 @@ bool mamba3_step_fusable(const at::Tensor& proj, const Mamba3Weights& w, const M
   if (proj.is_cuda()) {
 #ifdef SLM_WITH_CUDA
     if (dt != at::kFloat && dt != at::kBFloat16) return false;
+    // The kernel reads the state by float4.
+    if (!state.ssm.defined() || state.ssm.dim() != 4 || state.ssm.size(3) % 4 ||
+        reinterpret_cast<uintptr_t>(state.ssm.data_ptr()) % 16)
+      return false;
 #else
     return false;
 #endif
@@ -493,7 +498,8 @@ bool mamba3_step_fusable(const at::Tensor& proj, const Mamba3Weights& w, const M
 }
 
 std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, const Mamba3StepLayout& l,
-                                                     const Mamba3Weights& w, const Mamba3State& state) {
+                                                     const Mamba3Weights& w, const Mamba3State& state,
+                                                     bool ssm_in_place) {
   if (!mamba3_step_fusable(proj, w, state))
     throw Error(
         "mamba3: the fused decode step does not take this layer (SISO; FP32 on the CPU, FP32/BF16 on CUDA; FP32 "
@@ -510,8 +516,9 @@ std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, con
   std::optional<c10::cuda::CUDAGuard> guard;
   if (proj.is_cuda()) guard.emplace(proj.device());
 #endif
-  Mamba3State next{at::empty_like(state.angle), at::empty_like(state.ssm), at::empty_like(state.k),
-                   at::empty_like(state.x)};
+  // The angle, key and x stay out of place: the GPU's CTAs of one head all read the previous ones.
+  Mamba3State next{at::empty_like(state.angle), ssm_in_place ? state.ssm : at::empty_like(state.ssm),
+                   at::empty_like(state.k), at::empty_like(state.x)};
   auto y = at::empty({b, 1, l.heads, 1, l.headdim}, state.ssm.options());
   const Mamba3StepShape shape{b,
                               l.heads,

@@ -104,15 +104,18 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_fused(const Mamba3Projections& p,
 // One decode token of a SISO layer in one CUDA kernel (ops/cuda/mamba3_step_kernel.cu) or one CPU loop
 // (ops/mamba3_step_cpu.cpp), straight from the layer's in_proj output proj [B, width] laid out as Mamba3Impl splits
 // it (z, x, B, C, dd_dt, dd_a, trap, angles): the same function as mamba3_preprocess + mamba3_step on that row
-// (y [B, 1, H, 1, P] in FP32, before the gate; the next state in new tensors). mamba3_step_fusable says whether it
-// applies: SISO, proj and the weights in one dtype (FP32 on the CPU; FP32 or BF16 on the GPU of a CUDA build) on one
+// (y [B, 1, H, 1, P] in FP32, before the gate; the next state in new tensors, except with ssm_in_place, where the
+// next state's ssm is state.ssm updated in place: for a caller that keeps no earlier state, it saves a copy of the
+// largest buffer). mamba3_step_fusable says whether it applies: SISO, proj and the weights in one dtype (FP32 on the
+// CPU; FP32 or BF16 on the GPU of a CUDA build, with d_state a multiple of 4 and a 16-byte aligned state) on one
 // device, an FP32 state, at most d_state / 2 angles.
 struct Mamba3StepLayout {
   int64_t heads, headdim, groups, d_state, angles, d_inner;
 };
 bool mamba3_step_fusable(const at::Tensor& proj, const Mamba3Weights& w, const Mamba3State& state);
 std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, const Mamba3StepLayout& layout,
-                                                     const Mamba3Weights& w, const Mamba3State& state);
+                                                     const Mamba3Weights& w, const Mamba3State& state,
+                                                     bool ssm_in_place = false);
 
 // Output gate and rank contraction: o_r = [RMSNorm_P(y_r)·w] ⊙ silu(z ⊙ mimo_z[h,r]), out = Σ_r o_r ⊙ mimo_o[h,r]
 // (SISO: out = [norm](y) ⊙ silu(z)). y [B, T, H, R, P], z [B, T, H, P]; norm_weight [H·P] or undefined

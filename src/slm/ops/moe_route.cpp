@@ -53,4 +53,38 @@ std::pair<at::Tensor, at::Tensor> moe_route_fused(const at::Tensor& logits_in, c
 #endif
 }
 
+bool expert_order_fusable(const at::Tensor& experts, int64_t num_experts) {
+#ifdef SLM_WITH_CUDA
+  return fused_kernels_enabled() && experts.is_cuda() && experts.scalar_type() == at::kLong && experts.dim() == 2 &&
+         experts.numel() >= 1 && experts.numel() <= cuda::kExpertOrderMaxAssignments && num_experts >= 1 &&
+         num_experts <= cuda::kMoeRouteMaxExperts;
+#else
+  (void)experts, (void)num_experts;
+  return false;
+#endif
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expert_order_fused(const at::Tensor& experts_in,
+                                                                              int64_t num_experts) {
+  if (!expert_order_fusable(experts_in, num_experts))
+    throw Error("expert_order_fused: no fused kernel for experts " + shape_text(experts_in) + " over " +
+                std::to_string(num_experts) + " experts here (check expert_order_fusable)");
+#ifdef SLM_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(experts_in.device());
+  const auto experts = experts_in.contiguous();
+  const int64_t m = experts.numel();
+  auto order = at::empty({m}, experts.options()), inv = at::empty({m}, experts.options()),
+       token = at::empty({m}, experts.options());
+  auto ends = at::empty({num_experts}, experts.options().dtype(at::kInt));
+  const std::string err =
+      cuda::expert_order(experts.data_ptr<int64_t>(), m, experts.size(1), num_experts, order.data_ptr<int64_t>(),
+                         inv.data_ptr<int64_t>(), token.data_ptr<int64_t>(), ends.data_ptr<int32_t>(),
+                         c10::cuda::getCurrentCUDAStream(experts.device().index()).stream());
+  if (!err.empty()) throw Error("expert_order_fused: " + err);
+  return {order, inv, token, ends};
+#else
+  throw Error("expert_order_fused: a CPU build has no fused kernel");
+#endif
+}
+
 }  // namespace slm::ops

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include "slm/ops/decode_dtype.h"
 #include "slm/ops/fused_kernels.h"
 #include "slm/util/error.h"
 
@@ -21,17 +22,15 @@ at::Tensor residual_mix(const at::Tensor& x, const at::Tensor& y, const at::Tens
   const auto dt = x.scalar_type();
   const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || (y.defined() && y.requires_grad()) ||
                                                    x0.requires_grad() || r.requires_grad() || b.requires_grad());
-  if (fused_kernels_enabled() && x.is_cuda() && !grad && (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) &&
-      x0.scalar_type() == dt && r.scalar_type() == dt && b.scalar_type() == dt && r.numel() == 1 && b.numel() == 1 &&
-      x0.sizes() == x.sizes() && x0.device() == x.device() &&
+  if (fused_kernels_enabled() && x.is_cuda() && !grad && decode_dtype_supported(dt) && x0.scalar_type() == dt &&
+      r.scalar_type() == dt && b.scalar_type() == dt && r.numel() == 1 && b.numel() == 1 && x0.sizes() == x.sizes() &&
+      x0.device() == x.device() &&
       (!y.defined() || (y.scalar_type() == dt && y.sizes() == x.sizes() && y.device() == x.device())) &&
       r.device() == x.device() && b.device() == x.device()) {
     const c10::cuda::CUDAGuard guard(x.device());
     const auto xc = x.contiguous(), x0c = x0.contiguous(), yc = y.defined() ? y.contiguous() : at::Tensor();
     auto out = at::empty_like(xc);
-    const auto dtype = dt == at::kFloat      ? cuda::DecodeDtype::kFloat
-                       : dt == at::kBFloat16 ? cuda::DecodeDtype::kBFloat16
-                                             : cuda::DecodeDtype::kHalf;
+    const auto dtype = decode_dtype(dt);
     const std::string err = cuda::residual_mix(dtype, xc.data_ptr(), yc.defined() ? yc.data_ptr() : nullptr,
                                                r.data_ptr(), x0c.data_ptr(), b.data_ptr(), out.data_ptr(), xc.numel(),
                                                c10::cuda::getCurrentCUDAStream(x.device().index()).stream());

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include "slm/ops/decode_dtype.h"
 #include "slm/ops/fused_kernels.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
@@ -21,8 +22,7 @@ bool rotary_norm_fusable(const at::Tensor& x, const at::Tensor& cos, const at::T
   const auto dt = x.scalar_type();
   const int64_t half = x.dim() == 3 ? x.size(2) / 2 : 0;
   const bool grad = at::GradMode::is_enabled() && (x.requires_grad() || (weight.defined() && weight.requires_grad()));
-  return fused_kernels_enabled() && x.is_cuda() && !grad &&
-         (dt == at::kFloat || dt == at::kBFloat16 || dt == at::kHalf) && cos.scalar_type() == dt &&
+  return fused_kernels_enabled() && x.is_cuda() && !grad && decode_dtype_supported(dt) && cos.scalar_type() == dt &&
          (!weight.defined() || weight.scalar_type() == dt) && half >= 1 && half <= 512 && x.size(2) == 2 * half;
 #else
   (void)x, (void)cos, (void)weight;
@@ -47,9 +47,7 @@ at::Tensor rotary_norm_step(const at::Tensor& x_in, const at::Tensor& positions,
   const c10::cuda::CUDAGuard guard(x_in.device());
   const auto x = x_in.contiguous();
   auto out = at::empty_like(x);
-  const auto dtype = x.scalar_type() == at::kFloat      ? cuda::DecodeDtype::kFloat
-                     : x.scalar_type() == at::kBFloat16 ? cuda::DecodeDtype::kBFloat16
-                                                        : cuda::DecodeDtype::kHalf;
+  const auto dtype = decode_dtype(x.scalar_type());
   const std::string err =
       cuda::rotary_norm(dtype, x.data_ptr(), out.data_ptr(), positions.data_ptr<int64_t>(), cos.data_ptr(),
                         sin.data_ptr(), weight.defined() ? weight.data_ptr() : nullptr, b, heads, half,

@@ -67,7 +67,7 @@ ops::Mamba3State Mamba3Impl::zero_state(int64_t batch) const {
 }
 
 std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tensor& h, const ops::Mamba3State& state,
-                                                               const torch::Tensor& start) {
+                                                               const torch::Tensor& start, bool state_in_place) {
   const int64_t b = h.size(0), t = h.size(1), bc = rank * groups * d_state;
   const auto proj = in_proj(h);
   const auto w = weights();
@@ -75,7 +75,7 @@ std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tens
   // (Inference only: the kernel has no backward.)
   if (const auto row = proj.view({b, -1});
       t == 1 && !start.defined() && !proj.requires_grad() && ops::mamba3_step_fusable(row, w, state)) {
-    auto [y, next] = ops::mamba3_step_fused(row, step_layout(), w, state);
+    auto [y, next] = ops::mamba3_step_fused(row, step_layout(), w, state, state_in_place);
     return {gate(y, row.narrow(1, 0, d_inner).view({b, 1, heads, headdim}), h.scalar_type()), next};
   }
   auto parts = proj.split_with_sizes({d_inner, d_inner, bc, bc, heads, heads, heads, angles}, -1);
@@ -129,8 +129,13 @@ torch::Tensor Mamba3Layer::forward(const torch::Tensor& x, const Documents* docs
 torch::Tensor Mamba3Layer::prefill(const torch::Tensor& x, LayerCache* cache) {
   auto* c = dynamic_cast<Mamba3Cache*>(cache);
   if (!c) throw Error("Mamba3Layer::prefill needs the Mamba3Cache its make_cache created");
+  // A cache that keeps no earlier states (no rollback) lets a decode step update its state in place.
+  const bool in_place = c->max_rollback() == 0;
   return run_recurrent(
-      *c, norm(x), [this](const torch::Tensor& h, const ops::Mamba3State& s) { return mamba(h, s); },
+      *c, norm(x),
+      [this, in_place](const torch::Tensor& h, const ops::Mamba3State& s) {
+        return mamba(h, s, torch::Tensor(), in_place);
+      },
       [this](const torch::Tensor& h, const ops::Mamba3State& s) { return mamba->steps(h, s); });
 }
 

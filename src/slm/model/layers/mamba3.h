@@ -19,9 +19,10 @@ class Mamba3Impl : public torch::nn::Module {
   Mamba3Impl(const Recipe& recipe, const torch::TensorOptions& options);
   // h [B, T, D] (already normalized) continuing from state; returns the mixer output [B, T, D] and the state
   // after the last token. T > 1 runs the chunked form, T == 1 the decode step. start [B, T] (optional): where
-  // packed documents begin (ops::mamba3_preprocess).
+  // packed documents begin (ops::mamba3_preprocess). state_in_place: a fused decode step may update state's ssm in
+  // place (the returned state shares it), for a caller that keeps no earlier state.
   std::pair<torch::Tensor, ops::Mamba3State> forward(const torch::Tensor& h, const ops::Mamba3State& state,
-                                                     const torch::Tensor& start = {});
+                                                     const torch::Tensor& start = {}, bool state_in_place = false);
   // The same token by token (no packed documents), returning the state after each token too: the steps of a cache
   // that may roll back. Where the decode step is fused, in_proj and out_proj run over all T tokens at once.
   std::pair<torch::Tensor, std::vector<ops::Mamba3State>> steps(const torch::Tensor& h, const ops::Mamba3State& state);

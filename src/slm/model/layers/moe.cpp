@@ -87,6 +87,10 @@ class GatherTokens : public torch::autograd::Function<GatherTokens> {
 
 ByExpert sort_by_expert(const torch::Tensor& experts, int64_t num_experts) {
   const int64_t k = experts.size(1);
+  if (ops::expert_order_fusable(experts, num_experts)) {  // a decode step's few assignments: one kernel
+    auto [order, inv, token, ends] = ops::expert_order_fused(experts, num_experts);
+    return {order, inv, token, ends, k};
+  }
   auto [sorted, order] = torch::sort(experts.reshape({-1}), /*stable=*/true, 0, /*descending=*/false);
   // searchsorted rather than bincount + cumsum: CUDA's bincount reads the ids' min and max back to the host.
   auto ends = torch::searchsorted(sorted, torch::arange(num_experts, sorted.options()), /*out_int32=*/true,
@@ -391,7 +395,9 @@ MoEImpl::MoEImpl(const Recipe& r, const torch::TensorOptions& options)
 
 Routing MoEImpl::route_tokens(const torch::Tensor& u) const {
   auto dt = router_dtype(u);
-  auto logits = at::linear(u.to(dt), router->weight.to(dt));
+  // FP32 logits: the one-row GEMV reads u and the weight as they are (no casts) where it applies.
+  auto logits = dt == torch::kFloat ? ops::small_batch_linear_float(u, router->weight)
+                                    : at::linear(u.to(dt), router->weight.to(dt));
   // Outside training nothing reads the affinities (the auxiliary loss): one kernel instead of about eight.
   if (!is_training() && ops::moe_route_fusable(logits, top_k)) {
     Routing r;
@@ -428,9 +434,13 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& h) {
   const int64_t b = h.size(0), t = h.size(1), d = h.size(2);
   auto u = h.reshape({b * t, d});
   Routing routing = route_tokens(u);
-  auto out = expert_group_ ? parallel_experts(u, routing, *experts, *expert_group_, num_experts)
-                           : dispatch_experts(u, routing, *experts);
-  if (shared) out = out + shared(u);
+  torch::Tensor out;
+  if (!expert_group_) out = fused_decode_experts(u, routing);
+  if (!out.defined()) {
+    out = expert_group_ ? parallel_experts(u, routing, *experts, *expert_group_, num_experts)
+                        : dispatch_experts(u, routing, *experts);
+    if (shared) out = out + shared(u);
+  }
   last_experts_ = routing.experts;  // counted only when asked (last_stats): a decode step needs no counts
   if (is_training()) {
     torch::NoGradGuard no_grad;
@@ -438,6 +448,20 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& h) {
   }
   aux_loss_ = (is_training() && aux_weight > 0) ? sequence_aux_loss(routing, b, t) : torch::Tensor();
   return out.view({b, t, d});
+}
+
+torch::Tensor MoEImpl::fused_decode_experts(const torch::Tensor& u, const Routing& routing) {
+  const auto& e = *experts;
+  const int64_t k = routing.experts.size(1);
+  if (e.nvfp4() || !gathered_experts_pay(u, k, e) || e.w13.size(1) != 2 * e.w2.size(2) ||
+      !ops::gathered_linear_fusable(u, e.w13))
+    return {};
+  if (shared && (shared->w13->qweight || shared->w2->qweight)) return {};
+  const auto w_shared = shared ? shared->w2->weight : torch::Tensor();
+  if (!ops::gathered_swiglu_combine_fusable(u, e.w2, k, w_shared)) return {};
+  const auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
+  return ops::gathered_swiglu_combine(ops::gathered_linear(u, e.w13, ids, k), e.w2, ids, routing.weights,
+                                      shared ? shared->w13(u) : torch::Tensor(), w_shared);
 }
 
 torch::Tensor MoEImpl::forward_reference(const torch::Tensor& h) {

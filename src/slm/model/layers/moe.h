@@ -150,6 +150,9 @@ class MoEImpl : public torch::nn::Module {
 
  private:
   torch::Tensor sequence_aux_loss(const Routing& routing, int64_t batch, int64_t seq) const;
+  // A decode step's routed and shared experts on the GPU in two launches and the shared up projection
+  // (ops::gathered_linear, ops::gathered_swiglu_combine); undefined where that does not apply.
+  torch::Tensor fused_decode_experts(const torch::Tensor& u, const Routing& routing);
   torch::Tensor last_experts_, pending_load_, aux_loss_;
   std::shared_ptr<ExpertGroup> expert_group_;
 };

@@ -4,8 +4,13 @@
 // Why: the tensor-op form (index_select of the selected experts' matrices, then bmm) copies every selected matrix
 // before reading it again: on hybrid-250m in BF16 that copy was the largest single kernel family of a graphed decode
 // step, 0.17 of 1.49 ms on an H200 (bench/RESULTS.md). One warp per output row streams the row in 16-byte loads.
+//
+// gathered_swiglu_combine is the MoE's down projection with everything around it: the SwiGLU of each assignment's
+// hidden row, its product with its expert's w2, the gate-weighted sum over a token's k assignments and the shared
+// expert's down projection, which as tensor ops were about eight launches per MoE layer of a decode step.
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -18,9 +23,10 @@ namespace {
 
 constexpr int kWarps = 8;  // output rows per CTA
 
-template <class T>
+// O: the output's element type, T's or FP32.
+template <class T, class O>
 __global__ void gathered_linear_kernel(const T* __restrict__ x, const T* __restrict__ w,
-                                       const int64_t* __restrict__ ids, T* __restrict__ y, int64_t x_div, int64_t out,
+                                       const int64_t* __restrict__ ids, O* __restrict__ y, int64_t x_div, int64_t out,
                                        int64_t in) {
   constexpr int kVec = 16 / sizeof(T);  // elements per 16-byte load
   const int64_t a = blockIdx.y;
@@ -43,27 +49,131 @@ __global__ void gathered_linear_kernel(const T* __restrict__ x, const T* __restr
   if (lane == 0) store(y + a * out + row, acc);
 }
 
+// CTA (block of kWarps output rows, token t). Each warp dots its row of every selected expert's w2 (and of the shared
+// expert's) with gate_s · act(h[t·k + s]) for every slot s (and act(h_shared[t])), which the CTA puts in shared
+// memory as FP32. A warp's 16-byte chunks of those rows are one flat range, and each lane loads its first kPrefetch
+// chunks before the activations are computed, so that the weights' latency overlaps the prologue's: with a load per
+// slot after it, hybrid-250m's layer took 7.6 us for 3 MiB of weights on an H200 (bench/RESULTS.md).
 template <class T>
-std::string launch(const void* x, const void* w, const int64_t* ids, void* y, int64_t assignments, int64_t x_div,
-                   int64_t out, int64_t in, cudaStream_t stream) {
+__global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T* __restrict__ w,
+                                               const int64_t* __restrict__ ids, const float* __restrict__ gates,
+                                               const T* __restrict__ h_shared, const T* __restrict__ w_shared,
+                                               T* __restrict__ y, int k, int out, int hidden, int shared_hidden) {
+  constexpr int kVec = 16 / sizeof(T), kPrefetch = 8;
+  extern __shared__ float act[];  // [k * hidden + shared_hidden]
+  const int64_t t = blockIdx.y;
+  const int r = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32;
+  const bool row = r < out;  // a warp past the last row still helps with the prologue
+  const int lane = threadIdx.x % 32;
+  // Chunk c < k * per_slot: slot c / per_slot, columns from (c % per_slot) * kVec; then the shared expert's.
+  const int per_slot = hidden / kVec, chunks = k * per_slot + shared_hidden / kVec;
+  const auto source = [&](int c, int& a) -> const T* {
+    if (c < k * per_slot) {
+      const int s = c / per_slot, j = (c % per_slot) * kVec;
+      a = s * hidden + j;
+      return w + (ids[t * k + s] * out + r) * static_cast<int64_t>(hidden) + j;
+    }
+    const int j = (c - k * per_slot) * kVec;
+    a = k * hidden + j;
+    return w_shared + static_cast<int64_t>(r) * shared_hidden + j;
+  };
+  uint4 first[kPrefetch];
+  int first_at[kPrefetch];
+#pragma unroll
+  for (int u = 0; u < kPrefetch; ++u)
+    if (row && lane + 32 * u < chunks) first[u] = *reinterpret_cast<const uint4*>(source(lane + 32 * u, first_at[u]));
+
+  const auto silu = [](float v) { return v / (1.0f + expf(-v)); };
+#pragma unroll 8
+  for (int i = threadIdx.x; i < k * hidden; i += blockDim.x) {
+    const int s = i / hidden, j = i % hidden;
+    const T* hr = h + (t * k + s) * 2 * hidden;
+    act[i] = gates[t * k + s] * silu(load(hr + j)) * load(hr + hidden + j);
+  }
+#pragma unroll 4
+  for (int j = threadIdx.x; j < shared_hidden; j += blockDim.x) {
+    const T* hr = h_shared + t * 2 * shared_hidden;
+    act[k * hidden + j] = silu(load(hr + j)) * load(hr + shared_hidden + j);
+  }
+  __syncthreads();
+  if (!row) return;
+  const auto accumulate = [&](const uint4& wv, int at, float& acc) {
+    const T* we = reinterpret_cast<const T*>(&wv);
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc += load(we + e) * act[at + e];
+  };
+  float acc = 0.0f;
+#pragma unroll
+  for (int u = 0; u < kPrefetch; ++u)
+    if (lane + 32 * u < chunks) accumulate(first[u], first_at[u], acc);
+  for (int c = lane + 32 * kPrefetch; c < chunks; c += 32) {
+    int at;
+    accumulate(*reinterpret_cast<const uint4*>(source(c, at)), at, acc);
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) store(y + t * out + r, acc);
+}
+
+template <class T>
+std::string launch(const void* x, const void* w, const int64_t* ids, void* y, bool float_out, int64_t assignments,
+                   int64_t x_div, int64_t out, int64_t in, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((out + kWarps - 1) / kWarps), static_cast<unsigned>(assignments));
-  gathered_linear_kernel<T><<<grid, kWarps * 32, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(w), ids,
-                                                              static_cast<T*>(y), x_div, out, in);
+  if (float_out)
+    gathered_linear_kernel<T, float><<<grid, kWarps * 32, 0, stream>>>(
+        static_cast<const T*>(x), static_cast<const T*>(w), ids, static_cast<float*>(y), x_div, out, in);
+  else
+    gathered_linear_kernel<T, T><<<grid, kWarps * 32, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(w),
+                                                                   ids, static_cast<T*>(y), x_div, out, in);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("gathered linear kernel: ") + cudaGetErrorString(e);
 }
 
+template <class T>
+std::string launch_combine(const void* h, const void* w, const int64_t* ids, const float* gates, const void* h_shared,
+                           const void* w_shared, void* y, int64_t tokens, int64_t k, int64_t out, int64_t hidden,
+                           int64_t shared_hidden, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((out + kWarps - 1) / kWarps), static_cast<unsigned>(tokens));
+  const size_t smem = combine_shared_bytes(k, hidden, shared_hidden);
+  gathered_swiglu_combine_kernel<T><<<grid, kWarps * 32, smem, stream>>>(
+      static_cast<const T*>(h), static_cast<const T*>(w), ids, gates, static_cast<const T*>(h_shared),
+      static_cast<const T*>(w_shared), static_cast<T*>(y), static_cast<int>(k), static_cast<int>(out),
+      static_cast<int>(hidden), static_cast<int>(shared_hidden));
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("gathered swiglu combine kernel: ") + cudaGetErrorString(e);
+}
+
 }  // namespace
 
+std::string gathered_swiglu_combine(DecodeDtype dtype, const void* h, const void* w, const int64_t* ids,
+                                    const float* gates, const void* h_shared, const void* w_shared, void* y,
+                                    int64_t tokens, int64_t k, int64_t out, int64_t hidden, int64_t shared_hidden,
+                                    void* stream) {
+  if (tokens == 0 || out == 0) return "";
+  if (tokens > 65535 || k < 1 || hidden < 1 || shared_hidden < 0 ||
+      combine_shared_bytes(k, hidden, shared_hidden) > kMaxCombineSharedBytes)
+    return "gathered swiglu combine kernel: bad token count, slots or hidden sizes";
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (dtype) {
+    case DecodeDtype::kFloat:
+      return launch_combine<float>(h, w, ids, gates, h_shared, w_shared, y, tokens, k, out, hidden, shared_hidden, s);
+    case DecodeDtype::kBFloat16:
+      return launch_combine<__nv_bfloat16>(h, w, ids, gates, h_shared, w_shared, y, tokens, k, out, hidden,
+                                           shared_hidden, s);
+    case DecodeDtype::kHalf:
+      return launch_combine<__half>(h, w, ids, gates, h_shared, w_shared, y, tokens, k, out, hidden, shared_hidden, s);
+  }
+  return "gathered swiglu combine kernel: unknown dtype";
+}
+
 std::string gathered_linear(DecodeDtype dtype, const void* x, const void* w, const int64_t* ids, void* y,
-                            int64_t assignments, int64_t x_div, int64_t out, int64_t in, void* stream) {
+                            bool float_out, int64_t assignments, int64_t x_div, int64_t out, int64_t in, void* stream) {
   if (assignments == 0 || out == 0) return "";
   if (assignments > 65535 || x_div < 1) return "gathered linear kernel: bad assignment count or divisor";
   const auto s = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case DecodeDtype::kFloat: return launch<float>(x, w, ids, y, assignments, x_div, out, in, s);
-    case DecodeDtype::kBFloat16: return launch<__nv_bfloat16>(x, w, ids, y, assignments, x_div, out, in, s);
-    case DecodeDtype::kHalf: return launch<__half>(x, w, ids, y, assignments, x_div, out, in, s);
+    case DecodeDtype::kFloat: return launch<float>(x, w, ids, y, float_out, assignments, x_div, out, in, s);
+    case DecodeDtype::kBFloat16: return launch<__nv_bfloat16>(x, w, ids, y, float_out, assignments, x_div, out, in, s);
+    case DecodeDtype::kHalf: return launch<__half>(x, w, ids, y, float_out, assignments, x_div, out, in, s);
   }
   return "gathered linear kernel: unknown dtype";
 }

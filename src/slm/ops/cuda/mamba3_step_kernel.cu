@@ -8,13 +8,18 @@
 //   α = e^a, β = εα;  φ_s = wrap(φ_s + Δ·π·tanh(angle_s)) into [0, 2π)
 //   k = rot_φ(RMSNorm(B_g)·w_B + b_bias_h), q likewise from C (interleaved pairs (2s, 2s+1), s < S), g = h / (H/G)
 //   S = α S + β x_prev k_prevᵀ + γ x kᵀ;  y = S q + D_h x;  the state keeps (φ, S, k, x).
-// Warps take rows p of S; lanes stride its N columns (coalesced), and a warp sum gives y_p. The P rows are spread
-// over gridDim.z CTAs of kWarps rows each, which all recompute the head's scalars and key (N entries): with one CTA
-// per head, hybrid-250m's 32 heads gave 32 CTAs on the H200's 132 SMs and each layer's step took ~20 us
-// (bench/RESULTS.md). The CTA of the first rows writes the state's phase, key and x.
+// Warps take rows p of S, kRows at a time so that each lane has that many 16-byte loads in flight; lanes stride its
+// N columns by float4 (coalesced), and a warp sum gives y_p. The P rows are spread over gridDim.z CTAs, which all
+// recompute the head's scalars and key (N entries): with one CTA per head, hybrid-250m's 32 heads gave 32 CTAs on
+// the H200's 132 SMs and each layer's step took ~20 us (bench/RESULTS.md). The launcher picks gridDim.z so that the
+// batch's (row, head) pairs make about kTargetCtas CTAs: a batch-1 step gets several CTAs per head, and a batch of
+// 64 one CTA per head that amortises that preamble over all P rows. The CTA of the first rows writes the state's
+// phase, key and x. The state S may be updated in place (ssm_out == ssm_in): each entry is read and then written by
+// the same thread.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -27,6 +32,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
+constexpr int kRows = 4;
+// A wave of 256-thread CTAs on an H100/H200 (132 SMs x 8); more CTAs per head than that only repeat the preamble.
+constexpr int64_t kTargetCtas = 1024;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr float kPi = 3.14159265358979323846f;
 constexpr float kTwoPi = 6.28318530717958647692f;
@@ -136,31 +144,56 @@ __global__ void __launch_bounds__(kThreads) mamba3_step_kernel(Mamba3StepShape s
     for (int n = threadIdx.x; n < N; n += kThreads) a.k_out[bh * N + n] = k[n];
     for (int p = threadIdx.x; p < P; p += kThreads) a.x_out[bh * P + p] = x[p];
   }
-  // The state and the output, a warp per row.
+  // The state and the output: each warp takes kRows rows at a time, each lane float4 columns (N % 4 == 0).
   const float dh = load(static_cast<const T*>(a.d), h);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const float* in = a.ssm_in + bh * P * N;
-  float* out = a.ssm_out + bh * P * N;
-  for (int p = static_cast<int>(blockIdx.z) * kWarps + warp; p < P; p += kWarps * static_cast<int>(gridDim.z)) {
-    const float bx = beta * xp[p], gx = gamma * x[p];
-    float dot = 0.f;
-#pragma unroll 4
-    for (int n = lane; n < N; n += 32) {
-      const float v = alpha * in[p * N + n] + bx * kp[n] + gx * k[n];
-      out[p * N + n] = v;
-      dot += v * q[n];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, n4 = N / 4;
+  const auto* in = reinterpret_cast<const float4*>(a.ssm_in + bh * P * N);
+  auto* out = reinterpret_cast<float4*>(a.ssm_out + bh * P * N);
+  const auto* k4 = reinterpret_cast<const float4*>(k);
+  const auto* kp4 = reinterpret_cast<const float4*>(kp);
+  const auto* q4 = reinterpret_cast<const float4*>(q);
+  const int stride = kWarps * static_cast<int>(gridDim.z);
+  for (int p0 = static_cast<int>(blockIdx.z) * kWarps + warp; p0 < P; p0 += kRows * stride) {
+    float dot[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) dot[r] = 0.f;
+    for (int j = lane; j < n4; j += 32) {
+      float4 v[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        if (p0 + r * stride < P) v[r] = in[(p0 + r * stride) * n4 + j];
+      const float4 kk = k4[j], kpp = kp4[j], qq = q4[j];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        const int p = p0 + r * stride;
+        if (p >= P) continue;
+        const float bx = beta * xp[p], gx = gamma * x[p];
+        float4 o;
+        o.x = alpha * v[r].x + bx * kpp.x + gx * kk.x;
+        o.y = alpha * v[r].y + bx * kpp.y + gx * kk.y;
+        o.z = alpha * v[r].z + bx * kpp.z + gx * kk.z;
+        o.w = alpha * v[r].w + bx * kpp.w + gx * kk.w;
+        out[p * n4 + j] = o;
+        dot[r] += o.x * qq.x + o.y * qq.y + o.z * qq.z + o.w * qq.w;
+      }
     }
-    dot = warp_sum(dot);
-    if (lane == 0) a.y[bh * P + p] = dot + dh * x[p];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int p = p0 + r * stride;
+      const float d = warp_sum(dot[r]);
+      if (lane == 0 && p < P) a.y[bh * P + p] = d + dh * x[p];
+    }
   }
 }
 
 }  // namespace
 
 std::string mamba3_step(const Mamba3StepShape& s, bool bf16, const Mamba3StepArgs& a, void* stream) {
+  if (s.d_state % 4) return "mamba3 step: d_state must be a multiple of 4";
   const size_t smem = sizeof(float) * (3 * s.d_state + 2 * s.headdim + s.angles + kWarps);
-  const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch),
-                  static_cast<unsigned>((s.headdim + kWarps - 1) / kWarps));
+  const int64_t pairs = s.heads * s.batch, row_blocks = (s.headdim + kWarps - 1) / kWarps;
+  const int64_t z = std::clamp<int64_t>((kTargetCtas + pairs - 1) / pairs, 1, row_blocks);
+  const dim3 grid(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch), static_cast<unsigned>(z));
   auto st = static_cast<cudaStream_t>(stream);
   if (bf16)
     mamba3_step_kernel<__nv_bfloat16><<<grid, kThreads, smem, st>>>(s, a);
