@@ -49,41 +49,24 @@ __global__ void gathered_linear_kernel(const T* __restrict__ x, const T* __restr
   if (lane == 0) store(y + a * out + row, acc);
 }
 
-// CTA (block of kWarps output rows, token t). Each warp dots its row of every selected expert's w2 (and of the shared
-// expert's) with gate_s · act(h[t·k + s]) for every slot s (and act(h_shared[t])), which the CTA puts in shared
-// memory as FP32. A warp's 16-byte chunks of those rows are one flat range, and each lane loads its first kPrefetch
-// chunks before the activations are computed, so that the weights' latency overlaps the prologue's: with a load per
-// slot after it, hybrid-250m's layer took 7.6 us for 3 MiB of weights on an H200 (bench/RESULTS.md).
+// CTA (block of kWarps output rows, token t). The prologue puts gate_s · act(h[t·k + s]) for every slot s, and
+// act(h_shared[t]), in shared memory as FP32, with each slot's expert; then each warp dots its row of every selected
+// expert's w2 (and of the shared expert's) with them. A warp's 16-byte chunks of those rows are one flat range that
+// each lane walks kUnroll loads at a time: a row of one expert is only a few chunks per lane (384 BF16 values: 1.5),
+// and a loop per slot kept about one load in flight per lane (23 us per layer of the cmake specialist on an H200,
+// 7.7 us now; loading the first chunks before the prologue, with the ids read from global memory, took 9.4 us:
+// bench/RESULTS.md).
 template <class T>
 __global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T* __restrict__ w,
                                                const int64_t* __restrict__ ids, const float* __restrict__ gates,
                                                const T* __restrict__ h_shared, const T* __restrict__ w_shared,
                                                T* __restrict__ y, int k, int out, int hidden, int shared_hidden) {
-  constexpr int kVec = 16 / sizeof(T), kPrefetch = 8;
-  extern __shared__ float act[];  // [k * hidden + shared_hidden]
+  constexpr int kVec = 16 / sizeof(T), kUnroll = 4;
+  extern __shared__ float act[];  // [k * hidden + shared_hidden], then k expert ids
+  auto* expert = reinterpret_cast<int64_t*>(act + (k * hidden + shared_hidden + 1) / 2 * 2);
   const int64_t t = blockIdx.y;
-  const int r = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32;
-  const bool row = r < out;  // a warp past the last row still helps with the prologue
-  const int lane = threadIdx.x % 32;
-  // Chunk c < k * per_slot: slot c / per_slot, columns from (c % per_slot) * kVec; then the shared expert's.
-  const int per_slot = hidden / kVec, chunks = k * per_slot + shared_hidden / kVec;
-  const auto source = [&](int c, int& a) -> const T* {
-    if (c < k * per_slot) {
-      const int s = c / per_slot, j = (c % per_slot) * kVec;
-      a = s * hidden + j;
-      return w + (ids[t * k + s] * out + r) * static_cast<int64_t>(hidden) + j;
-    }
-    const int j = (c - k * per_slot) * kVec;
-    a = k * hidden + j;
-    return w_shared + static_cast<int64_t>(r) * shared_hidden + j;
-  };
-  uint4 first[kPrefetch];
-  int first_at[kPrefetch];
-#pragma unroll
-  for (int u = 0; u < kPrefetch; ++u)
-    if (row && lane + 32 * u < chunks) first[u] = *reinterpret_cast<const uint4*>(source(lane + 32 * u, first_at[u]));
-
   const auto silu = [](float v) { return v / (1.0f + expf(-v)); };
+  // Unrolled so that a thread's loads are in flight together.
 #pragma unroll 8
   for (int i = threadIdx.x; i < k * hidden; i += blockDim.x) {
     const int s = i / hidden, j = i % hidden;
@@ -95,20 +78,37 @@ __global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T*
     const T* hr = h_shared + t * 2 * shared_hidden;
     act[k * hidden + j] = silu(load(hr + j)) * load(hr + shared_hidden + j);
   }
+  for (int s = threadIdx.x; s < k; s += blockDim.x) expert[s] = ids[t * k + s];
   __syncthreads();
-  if (!row) return;
-  const auto accumulate = [&](const uint4& wv, int at, float& acc) {
-    const T* we = reinterpret_cast<const T*>(&wv);
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) acc += load(we + e) * act[at + e];
+  const int r = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32;
+  if (r >= out) return;
+  const int lane = threadIdx.x % 32;
+  // Chunk c < k * per_slot: slot c / per_slot, columns from (c % per_slot) * kVec; then the shared expert's.
+  const int per_slot = hidden / kVec, chunks = k * per_slot + shared_hidden / kVec;
+  const auto source = [&](int c, int& a) -> const T* {
+    if (c < k * per_slot) {
+      const int s = c / per_slot, j = (c % per_slot) * kVec;
+      a = s * hidden + j;
+      return w + (expert[s] * out + r) * static_cast<int64_t>(hidden) + j;
+    }
+    const int j = (c - k * per_slot) * kVec;
+    a = k * hidden + j;
+    return w_shared + static_cast<int64_t>(r) * shared_hidden + j;
   };
   float acc = 0.0f;
+  for (int c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
+    uint4 wv[kUnroll];
+    int at[kUnroll];
 #pragma unroll
-  for (int u = 0; u < kPrefetch; ++u)
-    if (lane + 32 * u < chunks) accumulate(first[u], first_at[u], acc);
-  for (int c = lane + 32 * kPrefetch; c < chunks; c += 32) {
-    int at;
-    accumulate(*reinterpret_cast<const uint4*>(source(c, at)), at, acc);
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + 32 * u < chunks) wv[u] = *reinterpret_cast<const uint4*>(source(c0 + 32 * u, at[u]));
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c0 + 32 * u >= chunks) continue;
+      const T* we = reinterpret_cast<const T*>(&wv[u]);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc += load(we + e) * act[at[u] + e];
+    }
   }
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
   if (lane == 0) store(y + t * out + r, acc);

@@ -17,10 +17,11 @@ std::string gathered_linear(DecodeDtype dtype, const void* x, const void* w, con
                             bool float_out, int64_t assignments, int64_t x_div, int64_t out, int64_t in, void* stream);
 
 // The dynamic shared memory the combine kernel may take (the default limit without an opt-in), and what it takes:
-// the FP32 activations.
+// the FP32 activations, then the slots' expert ids.
 constexpr size_t kMaxCombineSharedBytes = 48 << 10;
 constexpr size_t combine_shared_bytes(int64_t k, int64_t hidden, int64_t shared_hidden) {
-  return sizeof(float) * static_cast<size_t>(k * hidden + shared_hidden);
+  return sizeof(float) * static_cast<size_t>((k * hidden + shared_hidden + 1) / 2 * 2) +
+         sizeof(int64_t) * static_cast<size_t>(k);
 }
 
 // y [tokens, out] = for each token t: sum over s < k of gates[t k + s] w[ids[t k + s]] act(h[t k + s]), plus
