@@ -65,6 +65,7 @@ at::Tensor gathered_linear(const at::Tensor& x_in, const at::Tensor& w, const at
   if (!err.empty()) throw Error("gathered_linear: " + err);
   return y;
 #else
+  (void)float_out;
   throw Error("gathered_linear: a CPU build has no fused kernel");
 #endif
 }
@@ -104,7 +105,7 @@ bool gathered_swiglu_combine_fusable(const at::Tensor& x, const at::Tensor& w, i
   }
   return cuda::combine_shared_bytes(k, w.size(2), shared_hidden) <= cuda::kMaxCombineSharedBytes;
 #else
-  (void)h, (void)w, (void)k, (void)w_shared;
+  (void)x, (void)w, (void)k, (void)w_shared;
   return false;
 #endif
 }

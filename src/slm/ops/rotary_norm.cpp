@@ -55,7 +55,7 @@ at::Tensor rotary_norm_step(const at::Tensor& x_in, const at::Tensor& positions,
   if (!err.empty()) throw Error("rotary_norm_step: " + err);
   return out;
 #else
-  (void)eps;
+  (void)eps, (void)heads;
   throw Error("rotary_norm_step: a CPU build has no fused kernel");
 #endif
 }
