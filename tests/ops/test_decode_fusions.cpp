@@ -312,6 +312,9 @@ TEST(DecodeFusionsCuda, SwigluCombineEqualsTheFloat64Experts) {
       for (auto& p : m->parameters()) p.normal_(0.0, 0.2);
       m->eval();
       const auto h = torch::randn({1, 2, 64}).cuda().to(dt);  // two tokens, 8 assignments: the decode path
+      // The layer takes the combine kernel here (else both sides below would be the tensor ops).
+      ASSERT_TRUE(ops::gathered_swiglu_combine_fusable(h.view({2, 64}), m->experts->w2, 4,
+                                                       shared_experts ? m->shared->w2->weight : torch::Tensor()));
       const auto fused = m->forward(h).to(torch::kFloat);
       ops::set_fused_kernels(false);
       const auto tensor_ops = m->forward(h).to(torch::kFloat);
