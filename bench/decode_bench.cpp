@@ -1,7 +1,8 @@
 // Batch-1 decode speed of whole models, as a fraction of the memory roofline.
 //   decode_bench [--recipe R]... [--device cpu|cuda] [--dtype fp32|bf16] [--nvfp4 [--quantize-head]] [--prompt-tokens
 //   128]
-//                [--steps 64] [--batch 1] [--graph] [--moe-paths] [--profile] [--unfused]
+//                [--steps 64] [--batch 1] [--graph] [--moe-paths] [--profile] [--unfused] [--resident [--state-tokens
+//                N]]
 //   (default recipes: recipes/specialist-small.json and recipes/tiny-hybrid.json)
 // Random weights (N(0, 1/fan_in) for matrices, so no projection is the zero matrix a fresh model starts with); with
 // --nvfp4 every matrix `slm quantize` quantizes runs nvfp4::linear with random codes (random_weights.h; with
@@ -18,6 +19,10 @@
 // --profile: after the timed steps, profiles one prefill and --steps more decode steps through slm::train::Profiler
 // (once for the GPU kernels on CUDA, once for the host's operators) and prints the summaries.
 // --unfused: the inference-only fused kernels (ops/fused_kernels.h) off, for a same-machine before/after.
+// --resident (CUDA): every --recipe loaded at once, each holding a batch-1 decode state of --state-tokens tokens
+// (default 8192) filled by a prefill of that length: the device memory of each model's weights and state and of all
+// together (live tensors, and what the caching allocator reserved), set against the accounting's bytes, then
+// --steps graphed decode steps of each model while all stay resident.
 // --moe-paths: instead, the routed experts of each recipe's MoE layer alone, model::loop_experts against
 // model::gathered_experts for 1..32 tokens (median of 50 calls each): the measurement behind gathered_experts_pay.
 #include <torch/torch.h>
@@ -38,6 +43,7 @@
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/recipe/accounting.h"
 #include "slm/recipe/recipe.h"
+#include "slm/server/metrics.h"
 #include "slm/train/profile.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
@@ -57,6 +63,8 @@ struct Options {
   bool profile = false;
   bool unfused = false;
   bool graph = false;
+  bool resident = false;
+  int64_t state_tokens = 8192;
 };
 
 constexpr int kWarmup = 2;
@@ -204,6 +212,71 @@ void compare_moe_paths(const slm::Recipe& recipe, const Options& o, const torch:
   }
 }
 
+// --resident: see the header comment.
+void resident(const Options& o, const torch::Device& device) {
+  if (!device.is_cuda()) throw slm::Error("--resident measures device memory: it needs --device cuda");
+  torch::NoGradGuard no_grad;
+  const auto mib = [](double b) { return b / 1048576.0; };
+  const auto allocated = [&] {
+    torch::cuda::synchronize();
+    return static_cast<double>(slm::server::process_memory().cuda_allocated_bytes);
+  };
+  struct Held {
+    slm::Recipe recipe;
+    std::unique_ptr<slm::model::HybridLM> model;
+    slm::model::DecodeState state;
+    torch::Tensor next;
+  };
+  std::vector<Held> held;
+  double weights_total = 0, states_total = 0, accounted_total = 0;
+  std::printf("%-14s %9s %9s %13s %12s %11s %10s\n", "recipe", "total", "active", "weights MiB", "accounted",
+              "state MiB", "prefill s");
+  for (const auto& path : o.recipes) {
+    Held h{slm::load_recipe(path), nullptr, {}, {}};
+    const double before = allocated();
+    h.model = build(h.recipe, o, device);
+    const double loaded = allocated();
+    const auto acc = slm::account(h.recipe, h.model->plan());
+    // The accounting's bytes of the form loaded: NVFP4 packs the eligible matrices (the head too with
+    // --quantize-head only when the accounting counts it so; the difference shows in the table).
+    const double accounted = static_cast<double>(o.nvfp4 ? acc.bytes_nvfp4 : acc.bytes_bf16);
+    h.state = h.model->new_state(1, o.state_tokens);
+    torch::manual_seed(4);
+    const auto prompt = torch::randint(h.recipe.vocab_size, {1, o.state_tokens - kWarmup - o.steps}, torch::kLong);
+    const double t0 = now_ms();
+    h.next = h.model->prefill_last(prompt.to(device), h.state).argmax(-1);
+    const double prefill_s = (now_ms() - t0) / 1000.0;
+    const double filled = allocated();
+    weights_total += loaded - before;
+    states_total += filled - loaded;
+    accounted_total += accounted;
+    std::printf("%-14s %8.2fB %8.2fB %13.0f %11.0f %11.0f %10.2f\n", h.recipe.name.c_str(),
+                static_cast<double>(acc.total) / 1e9, static_cast<double>(acc.active) / 1e9, mib(loaded - before),
+                mib(accounted), mib(filled - loaded), prefill_s);
+    held.push_back(std::move(h));
+  }
+  const auto mem = slm::server::process_memory();
+  std::printf(
+      "%zu models resident: weights %.2f GiB (accounted %.2f GiB), states %.2f GiB; allocated %.2f GiB, "
+      "reserved %.2f GiB\n",
+      held.size(), weights_total / 1073741824.0, accounted_total / 1073741824.0, states_total / 1073741824.0,
+      static_cast<double>(mem.cuda_allocated_bytes) / 1073741824.0,
+      static_cast<double>(mem.cuda_reserved_bytes) / 1073741824.0);
+  std::printf("%-14s %10s %9s\n", "recipe", "ms/step", "tok/s");
+  for (auto& h : held) {
+    slm::engine::GraphDecoder graph(*h.model, h.state);
+    std::vector<double> ms;
+    for (int64_t i = 0; i < kWarmup + o.steps; ++i) {
+      const double t0 = now_ms();
+      h.next = graph.step(h.next).argmax(-1);
+      torch::cuda::synchronize();
+      if (i >= kWarmup) ms.push_back(now_ms() - t0);
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf("%-14s %10.3f %9.1f\n", h.recipe.name.c_str(), ms[ms.size() / 2], 1000.0 / ms[ms.size() / 2]);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -223,6 +296,10 @@ int main(int argc, char** argv) {
   app.add_flag("--unfused", o.unfused,
                "run the rotary + QK-norm, MoE routing and residual mix as tensor ops (ops/fused_kernels.h)");
   app.add_flag("--moe-paths", o.moe_paths, "time the MoE layer's routed-expert paths instead of whole models");
+  app.add_flag("--resident", o.resident,
+               "load every --recipe at once with a --state-tokens decode state each: device memory, then decode");
+  app.add_option("--state-tokens", o.state_tokens, "with --resident: tokens each model's decode state holds")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     if (o.dtype != "fp32" && o.dtype != "bf16")
@@ -234,6 +311,11 @@ int main(int argc, char** argv) {
     if (o.recipes.empty())
       o.recipes = {std::string(SLM_SOURCE_DIR) + "/recipes/specialist-small.json",
                    std::string(SLM_SOURCE_DIR) + "/recipes/tiny-hybrid.json"};
+    if (o.resident) {
+      if (o.state_tokens <= kWarmup + o.steps) throw slm::Error("--state-tokens must exceed the decode steps");
+      resident(o, device);
+      return 0;
+    }
     if (o.moe_paths) {
       std::printf("device %s, %d intra-op threads, %s\n", o.device.c_str(), torch::get_num_threads(), o.dtype.c_str());
       for (const auto& path : o.recipes) compare_moe_paths(slm::load_recipe(path), o, device);

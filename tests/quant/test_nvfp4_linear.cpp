@@ -188,6 +188,32 @@ TEST(Nvfp4LinearCuda, GatheredExpertsMatchEachAssignmentsMatrix) {
       slm::Error);  // ends for 3 experts of 4
 }
 
+// A BF16 output is written by the kernels themselves (no cast kernel in a decode step): it must be the FP32 result
+// (checked against float64 above) rounded to nearest even, as torch's cast rounds it, for every form and batch size
+// (the 17-row product takes the dequantize + GEMM path).
+TEST(Nvfp4LinearCuda, Bf16OutputIsTheFloatResultRounded) {
+  if (!nv::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(26);
+  const auto bf16 = torch::kBFloat16;
+  nv::QTensor w = nv::quantize(torch::randn({6, 200, 256}) * 3).to(torch::kCUDA);
+  for (int64_t rows : {1, 3, 16, 17}) {
+    SCOPED_TRACE(rows);
+    auto x = torch::randn({rows, 256}, torch::kCUDA).to(bf16);
+    auto plain = nv::linear(x, w.matrix(2), bf16);
+    ASSERT_EQ(plain.scalar_type(), bf16);
+    EXPECT_TRUE(torch::equal(plain, nv::linear(x, w.matrix(2)).to(bf16)));
+    auto ids = torch::randint(0, 6, {rows * 2}, torch::dtype(torch::kLong).device(torch::kCUDA));
+    auto gathered = nv::gathered_linear_cuda(x, w, ids, 2, bf16);
+    ASSERT_EQ(gathered.scalar_type(), bf16);
+    EXPECT_TRUE(torch::equal(gathered, nv::gathered_linear_cuda(x, w, ids, 2).to(bf16)));
+    auto order = std::get<1>(torch::sort(ids, /*stable=*/true, 0, false));
+    auto ends = torch::zeros({6}, ids.options()).scatter_add_(0, ids, torch::ones_like(ids)).cumsum(0).to(torch::kInt);
+    EXPECT_TRUE(torch::equal(nv::grouped_linear_cuda(x, w, order, ends, 2, bf16),
+                             nv::grouped_linear_cuda(x, w, order, ends, 2).to(bf16)));
+  }
+}
+
 TEST(Nvfp4LinearCuda, DequantizeOnTheGpuEqualsTheCpuDecode) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(24);

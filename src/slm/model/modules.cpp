@@ -35,7 +35,7 @@ torch::Tensor linear_or_nvfp4(const torch::Tensor& x, const torch::Tensor& w, co
   if (!q) return ops::small_batch_linear(x, w);
   if (x.requires_grad() && torch::GradMode::is_enabled())
     throw Error("NVFP4 weights are inference-only: the input requires a gradient (load a dense checkpoint to train)");
-  return nvfp4::linear(x, *q).to(x.scalar_type());
+  return nvfp4::linear(x, *q, x.scalar_type());
 }
 
 nvfp4::QTensor replace_by_nvfp4(torch::Tensor& w, nvfp4::QTensor q, const std::string& name) {

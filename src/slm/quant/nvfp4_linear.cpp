@@ -383,7 +383,7 @@ torch::Tensor linear_cpu(const torch::Tensor& x_in, const QTensor& w) {
   return y;
 }
 
-torch::Tensor linear(const torch::Tensor& x, const QTensor& w) {
+torch::Tensor linear(const torch::Tensor& x, const QTensor& w, torch::ScalarType out) {
   if (!x.defined() || x.dim() < 1) throw Error("nvfp4 linear: x must have at least one dimension");
   if (!x.is_floating_point()) throw Error("nvfp4 linear: x must be a floating tensor");
   const int64_t K = x.size(-1);
@@ -393,7 +393,7 @@ torch::Tensor linear(const torch::Tensor& x, const QTensor& w) {
   std::vector<int64_t> out_shape = x.sizes().vec();
   out_shape.back() = w.shape[0];
   torch::Tensor x2 = x.reshape({-1, K});
-  torch::Tensor y = x.is_cuda() ? linear_cuda(x2, w) : linear_cpu(x2, w);
+  torch::Tensor y = x.is_cuda() ? linear_cuda(x2, w, out) : linear_cpu(x2, w).to(out);
   return y.reshape(out_shape);
 }
 
@@ -438,10 +438,11 @@ void* current_stream(const torch::Device& device) {
 }  // namespace
 #endif
 
-torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
+torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w, torch::ScalarType out) {
 #ifndef SLM_WITH_CUDA
   (void)x_in;
   (void)w;
+  (void)out;
   throw Error("nvfp4 linear: this build has no CUDA kernels (configure with -DSLM_CUDA=ON)");
 #else
   if (x_in.dim() != 2) throw Error("nvfp4 linear_cuda: x must be [M, K]");
@@ -459,17 +460,19 @@ torch::Tensor linear_cuda(const torch::Tensor& x_in, const QTensor& w) {
   // GEMM with FP32 accumulation and output does the product, then s_dec is applied: the GEMV's arithmetic in
   // another summation order. (Where between 17 rows and a few dozen the GEMM starts to win is not measured.)
   constexpr int64_t kGemvMaxRows = 16;
-  if (M > kGemvMaxRows) return at::mm(x, block_values(w).to(torch::kBFloat16).t(), torch::kFloat).mul_(w.tensor_scale);
+  if (M > kGemvMaxRows)
+    return at::mm(x, block_values(w).to(torch::kBFloat16).t(), torch::kFloat).mul_(w.tensor_scale).to(out);
+  const bool bf16_out = out == torch::kBFloat16;
   torch::Tensor codes = w.codes;
   const bool copied = reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 != 0;
   if (copied) codes = codes.clone();
-  torch::Tensor y = torch::empty({M, N}, x.options().dtype(torch::kFloat));
+  torch::Tensor y = torch::empty({M, N}, x.options().dtype(bf16_out ? torch::kBFloat16 : torch::kFloat));
   std::string err =
       cuda::gemv(codes.data_ptr<uint8_t>(), w.scales.data_ptr<uint8_t>(), w.tensor_scale.data_ptr<float>(),
-                 x.data_ptr(), y.data_ptr<float>(), M, N, w.blocks_per_row(), current_stream(x.device()),
-                 /*pdl=*/!copied);  // loaded weights are read-only; a fresh copy is not
+                 x.data_ptr(), y.data_ptr(), M, N, w.blocks_per_row(), current_stream(x.device()),
+                 /*pdl=*/!copied, bf16_out);  // loaded weights are read-only; a fresh copy is not
   if (!err.empty()) throw Error("nvfp4 linear_cuda: " + err);
-  return y;
+  return y.to(out);
 #endif
 }
 
@@ -478,7 +481,7 @@ namespace {
 // What gathered_linear_cuda and grouped_linear_cuda share: the checks, x in BF16 padded to the weight's K, one launch.
 template <class Launch>
 torch::Tensor routed_linear(const char* what, const torch::Tensor& x_in, const QTensor& w, const torch::Tensor& ids,
-                            int64_t x_div, Launch launch) {
+                            int64_t x_div, torch::ScalarType out, Launch launch) {
   const std::string name = std::string("nvfp4 ") + what;
   if (x_in.dim() != 2) throw Error(name + ": x must be [rows, K]");
   if (w.shape.size() != 3 || w.k() != x_in.size(1))
@@ -495,52 +498,58 @@ torch::Tensor routed_linear(const char* what, const torch::Tensor& x_in, const Q
   torch::Tensor codes = w.codes;
   if (reinterpret_cast<uintptr_t>(codes.data_ptr()) % 8 != 0) codes = codes.clone();
   const torch::Tensor id = ids.contiguous();
-  torch::Tensor y = torch::empty({id.size(0), w.shape[1]}, x.options().dtype(torch::kFloat));
-  const std::string err = launch(codes.data_ptr<uint8_t>(), x.data_ptr(), y.data_ptr<float>(), id.data_ptr<int64_t>(),
-                                 id.size(0), current_stream(x.device()));
+  const bool bf16_out = out == torch::kBFloat16;
+  torch::Tensor y =
+      torch::empty({id.size(0), w.shape[1]}, x.options().dtype(bf16_out ? torch::kBFloat16 : torch::kFloat));
+  const std::string err = launch(codes.data_ptr<uint8_t>(), x.data_ptr(), y.data_ptr(), bf16_out,
+                                 id.data_ptr<int64_t>(), id.size(0), current_stream(x.device()));
   if (!err.empty()) throw Error(name + ": " + err);
-  return y;
+  return y.to(out);
 }
 }  // namespace
 #endif
 
-torch::Tensor gathered_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& ids, int64_t x_div) {
+torch::Tensor gathered_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& ids, int64_t x_div,
+                                   torch::ScalarType out) {
 #ifndef SLM_WITH_CUDA
   (void)x;
   (void)w;
   (void)ids;
   (void)x_div;
+  (void)out;
   throw Error("nvfp4 gathered_linear_cuda: this build has no CUDA kernels (configure with -DSLM_CUDA=ON)");
 #else
-  return routed_linear("gathered_linear_cuda", x, w, ids, x_div,
-                       [&](const uint8_t* codes, const void* xp, float* y, const int64_t* id, int64_t n, void* stream) {
-                         return cuda::gemv_gathered(codes, w.scales.data_ptr<uint8_t>(),
-                                                    w.tensor_scale.data_ptr<float>(), xp, y, id, n, x_div, w.shape[0],
-                                                    w.shape[1], w.blocks_per_row(), stream);
-                       });
+  return routed_linear(
+      "gathered_linear_cuda", x, w, ids, x_div, out,
+      [&](const uint8_t* codes, const void* xp, void* y, bool bf16, const int64_t* id, int64_t n, void* stream) {
+        return cuda::gemv_gathered(codes, w.scales.data_ptr<uint8_t>(), w.tensor_scale.data_ptr<float>(), xp, y, id, n,
+                                   x_div, w.shape[0], w.shape[1], w.blocks_per_row(), stream, bf16);
+      });
 #endif
 }
 
 torch::Tensor grouped_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& order,
-                                  const torch::Tensor& ends, int64_t x_div) {
+                                  const torch::Tensor& ends, int64_t x_div, torch::ScalarType out) {
 #ifndef SLM_WITH_CUDA
   (void)x;
   (void)w;
   (void)order;
   (void)ends;
   (void)x_div;
+  (void)out;
   throw Error("nvfp4 grouped_linear_cuda: this build has no CUDA kernels (configure with -DSLM_CUDA=ON)");
 #else
   if (ends.dim() != 1 || ends.scalar_type() != torch::kInt || ends.size(0) != w.shape.at(0) ||
       ends.device() != order.device())
     throw Error("nvfp4 grouped_linear_cuda: ends must be int32 [experts] on the ids' device");
   const torch::Tensor e = ends.contiguous();
-  return routed_linear("grouped_linear_cuda", x, w, order, x_div,
-                       [&](const uint8_t* codes, const void* xp, float* y, const int64_t* id, int64_t n, void* stream) {
-                         return cuda::gemv_grouped(codes, w.scales.data_ptr<uint8_t>(),
-                                                   w.tensor_scale.data_ptr<float>(), xp, y, id, e.data_ptr<int32_t>(),
-                                                   n, x_div, w.shape[0], w.shape[1], w.blocks_per_row(), stream);
-                       });
+  return routed_linear(
+      "grouped_linear_cuda", x, w, order, x_div, out,
+      [&](const uint8_t* codes, const void* xp, void* y, bool bf16, const int64_t* id, int64_t n, void* stream) {
+        return cuda::gemv_grouped(codes, w.scales.data_ptr<uint8_t>(), w.tensor_scale.data_ptr<float>(), xp, y, id,
+                                  e.data_ptr<int32_t>(), n, x_div, w.shape[0], w.shape[1], w.blocks_per_row(), stream,
+                                  bf16);
+      });
 #endif
 }
 

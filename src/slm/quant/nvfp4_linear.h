@@ -5,7 +5,8 @@
 //         FP32; else x stays FP32 in 16-wide FMA block products (AVX2, or portable C++).
 //   CUDA: (built with SLM_CUDA=ON) BF16 activations, FP32 accumulation: the weight-only GEMV for up to 16 rows
 //         (decode), else W decoded to BF16 and a cuBLAS GEMM (prefill, evaluation).
-// Both return FP32 [..., N] for x [..., K] (the caller casts).
+// Both compute in FP32 and return [..., N] for x [..., K] in `out` (FP32 by default). On CUDA a BF16 `out` is written
+// by the GEMV itself, rounded as a cast of its FP32 result would be, so a decode step runs no cast kernel after it.
 #include <torch/torch.h>
 
 #include "slm/quant/nvfp4.h"
@@ -13,22 +14,23 @@
 namespace slm::nvfp4 {
 
 // w: a 2-D QTensor [N, K] (use QTensor::matrix(i) for one expert of a stacked tensor), on x's device.
-torch::Tensor linear(const torch::Tensor& x, const QTensor& w);
+torch::Tensor linear(const torch::Tensor& x, const QTensor& w, torch::ScalarType out = torch::kFloat);
 
 // Routed experts on the GPU: y[a] = x[a / x_div] · W[ids[a]]^T for every assignment a, W a stacked QTensor
-// [E, N, K] on x's CUDA device, ids int64 [A] on that device, x [rows, K]; FP32 [A, N]. One kernel launch that
-// reads the ids on the device (no host sync, so CUDA graphs can capture it). Throws slm::Error without CUDA.
-torch::Tensor gathered_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& ids, int64_t x_div);
+// [E, N, K] on x's CUDA device, ids int64 [A] on that device, x [rows, K]; [A, N] in `out` (FP32 or BF16). One launch
+// that reads the ids on the device (no host sync, so CUDA graphs can capture it). Throws slm::Error without CUDA.
+torch::Tensor gathered_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& ids, int64_t x_div,
+                                   torch::ScalarType out = torch::kFloat);
 // The same product with the assignments sorted by expert: order [A] int64 lists them expert by expert, ends [E] int32
 // where each expert's run ends in order. Each expert's matrix is read once per 16 of its rows instead of once per
 // assignment. y is still [A, N] in assignment order.
 torch::Tensor grouped_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& order,
-                                  const torch::Tensor& ends, int64_t x_div);
+                                  const torch::Tensor& ends, int64_t x_div, torch::ScalarType out = torch::kFloat);
 
 // The kernels behind linear(), exposed for tests and benchmarks. x2: [M, K] on the kernel's device.
 torch::Tensor linear_cpu(const torch::Tensor& x2, const QTensor& w);
 // Throws slm::Error when the build has no CUDA kernels.
-torch::Tensor linear_cuda(const torch::Tensor& x2, const QTensor& w);
+torch::Tensor linear_cuda(const torch::Tensor& x2, const QTensor& w, torch::ScalarType out = torch::kFloat);
 bool cuda_kernels_built();
 // The CPU kernels. Auto (the default) takes SLM_NVFP4_CPU_KERNEL's choice when that is set (portable, avx2,
 // avx512-bf16), else the fastest this CPU runs; tests and benchmarks force one with set_cpu_kernel.

@@ -286,13 +286,13 @@ torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& rout
                        experts.q13_stacked->storage_bytes() / experts.num_experts() >= kGroupedExpertBytes;
   std::optional<ByExpert> s;
   if (grouped) s = sort_by_expert(routing.experts, experts.num_experts());
-  auto project = [&](const torch::Tensor& x, const nvfp4::QTensor& w, int64_t x_div) {
-    return s ? nvfp4::grouped_linear_cuda(x, w, s->order, s->ends, x_div)
-             : nvfp4::gathered_linear_cuda(x, w, ids, x_div);
-  };
   // In u's dtype between the projections and after, as the per-expert loop's nvfp4 linears return it.
-  auto h = project(u, *experts.q13_stacked, k).to(u.scalar_type());
-  auto y = project(swiglu_activation(h), *experts.q2_stacked, 1).to(u.scalar_type());
+  auto project = [&](const torch::Tensor& x, const nvfp4::QTensor& w, int64_t x_div) {
+    return s ? nvfp4::grouped_linear_cuda(x, w, s->order, s->ends, x_div, u.scalar_type())
+             : nvfp4::gathered_linear_cuda(x, w, ids, x_div, u.scalar_type());
+  };
+  auto h = project(u, *experts.q13_stacked, k);
+  auto y = project(swiglu_activation(h), *experts.q2_stacked, 1);
   return combine_assignments(y, routing);
 }
 

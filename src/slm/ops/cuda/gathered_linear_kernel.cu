@@ -53,45 +53,64 @@ __global__ void gathered_linear_kernel(const T* __restrict__ x, const T* __restr
 // act(h_shared[t]), in shared memory as FP32, with each slot's expert; then each warp dots its row of every selected
 // expert's w2 (and of the shared expert's) with them. A warp's 16-byte chunks of those rows are one flat range that
 // each lane walks kUnroll loads at a time: a row of one expert is only a few chunks per lane (384 BF16 values: 1.5),
-// and a loop per slot kept about one load in flight per lane (23 us per layer of the cmake specialist on an H200,
-// 7.7 us now; loading the first chunks before the prologue, with the ids read from global memory, took 9.4 us:
+// and a loop per slot kept about one load in flight per lane (23 us per layer of the cmake specialist on an H200;
+// loading the first chunks before the prologue, with the ids read from global memory, took 9.4 us against 7.6:
 // bench/RESULTS.md).
+// Both phases move whole 16-byte chunks: the prologue reads a chunk of the gate half and of the up half of h per
+// iteration, and the dot reads a chunk's activations as float4. Element by element, the prologue issued twice the
+// loads of the dot itself, and lanes reading activations 8 floats apart hit the same shared-memory banks 8 ways.
 template <class T>
 __global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T* __restrict__ w,
                                                const int64_t* __restrict__ ids, const float* __restrict__ gates,
                                                const T* __restrict__ h_shared, const T* __restrict__ w_shared,
                                                T* __restrict__ y, int k, int out, int hidden, int shared_hidden) {
   constexpr int kVec = 16 / sizeof(T), kUnroll = 4;
-  extern __shared__ float act[];  // [k * hidden + shared_hidden], then k expert ids
+  static_assert(kVec % 4 == 0, "a chunk's activations are whole float4s");
+  extern __shared__ float4 act4[];  // [k * hidden + shared_hidden] floats, then k expert ids
+  float* act = reinterpret_cast<float*>(act4);
   auto* expert = reinterpret_cast<int64_t*>(act + (k * hidden + shared_hidden + 1) / 2 * 2);
   const int64_t t = blockIdx.y;
   const auto silu = [](float v) { return v / (1.0f + expf(-v)); };
-  // Unrolled so that a thread's loads are in flight together.
-#pragma unroll 8
-  for (int i = threadIdx.x; i < k * hidden; i += blockDim.x) {
-    const int s = i / hidden, j = i % hidden;
-    const T* hr = h + (t * k + s) * 2 * hidden;
-    act[i] = gates[t * k + s] * silu(load(hr + j)) * load(hr + hidden + j);
-  }
-#pragma unroll 4
-  for (int j = threadIdx.x; j < shared_hidden; j += blockDim.x) {
-    const T* hr = h_shared + t * 2 * shared_hidden;
-    act[k * hidden + j] = silu(load(hr + j)) * load(hr + shared_hidden + j);
+  // Chunk c < k * per_slot: slot c / per_slot, columns from (c % per_slot) * kVec; then the shared expert's.
+  const int per_slot = hidden / kVec, routed = k * per_slot, chunks = routed + shared_hidden / kVec;
+  // act[at .. at + kVec) = scale · silu(gate half) · up half, for the row's chunk at column j.
+  const auto activate = [&](const T* row, int half, int j, float scale, int at) {
+    const uint4 gv = *reinterpret_cast<const uint4*>(row + j);
+    const uint4 uv = *reinterpret_cast<const uint4*>(row + half + j);
+    const T* ge = reinterpret_cast<const T*>(&gv);
+    const T* ue = reinterpret_cast<const T*>(&uv);
+#pragma unroll
+    for (int e = 0; e < kVec; e += 4) {
+      float4 v;
+      v.x = scale * silu(load(ge + e)) * load(ue + e);
+      v.y = scale * silu(load(ge + e + 1)) * load(ue + e + 1);
+      v.z = scale * silu(load(ge + e + 2)) * load(ue + e + 2);
+      v.w = scale * silu(load(ge + e + 3)) * load(ue + e + 3);
+      act4[(at + e) / 4] = v;
+    }
+  };
+#pragma unroll 2
+  for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+    if (c < routed) {
+      const int s = c / per_slot, j = (c % per_slot) * kVec;
+      activate(h + (t * k + s) * 2 * hidden, hidden, j, gates[t * k + s], s * hidden + j);
+    } else {
+      const int j = (c - routed) * kVec;
+      activate(h_shared + t * 2 * shared_hidden, shared_hidden, j, 1.0f, k * hidden + j);
+    }
   }
   for (int s = threadIdx.x; s < k; s += blockDim.x) expert[s] = ids[t * k + s];
   __syncthreads();
   const int r = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32;
   if (r >= out) return;
   const int lane = threadIdx.x % 32;
-  // Chunk c < k * per_slot: slot c / per_slot, columns from (c % per_slot) * kVec; then the shared expert's.
-  const int per_slot = hidden / kVec, chunks = k * per_slot + shared_hidden / kVec;
   const auto source = [&](int c, int& a) -> const T* {
-    if (c < k * per_slot) {
+    if (c < routed) {
       const int s = c / per_slot, j = (c % per_slot) * kVec;
       a = s * hidden + j;
       return w + (expert[s] * out + r) * static_cast<int64_t>(hidden) + j;
     }
-    const int j = (c - k * per_slot) * kVec;
+    const int j = (c - routed) * kVec;
     a = k * hidden + j;
     return w_shared + static_cast<int64_t>(r) * shared_hidden + j;
   };
@@ -107,7 +126,13 @@ __global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T*
       if (c0 + 32 * u >= chunks) continue;
       const T* we = reinterpret_cast<const T*>(&wv[u]);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) acc += load(we + e) * act[at[u] + e];
+      for (int e = 0; e < kVec; e += 4) {
+        const float4 a = act4[(at[u] + e) / 4];
+        acc += load(we + e) * a.x;
+        acc += load(we + e + 1) * a.y;
+        acc += load(we + e + 2) * a.z;
+        acc += load(we + e + 3) * a.w;
+      }
     }
   }
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);

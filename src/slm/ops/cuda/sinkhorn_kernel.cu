@@ -1,6 +1,11 @@
 // The mHC Sinkhorn projection in one kernel, one thread per n x n matrix held in registers: exp(z - max), then
 // iters rounds of column and row normalisation, as model::sinkhorn computes with tensor ops.
 //
+// Each normalisation multiplies by one correctly rounded reciprocal of the sum instead of dividing every entry: the
+// rounds are a serial chain in one thread, and IEEE division (a subroutine of ~20 dependent instructions) made the
+// kernel 22 us per call on an H200, longer than the whole decode step of a small layer. The product differs from the
+// quotient by at most one unit in the last place.
+//
 // Why: the tensor-op form launches about four kernels per round (sum, + eps, divide, for columns and again for
 // rows); at the recipes' 20 rounds that is ~160 launches per mHC layer and decode token. In the 6B cmake
 // specialist's NVFP4 decode step they were ~840 of 2,850 kernels (bench/RESULTS.md), each a few microseconds of GPU
@@ -42,18 +47,18 @@ __global__ void sinkhorn_kernel(const float* __restrict__ logits, float* __restr
       float s = 0.0f;
 #pragma unroll
       for (int r = 0; r < N; ++r) s += m[r][c];
-      const float d = s + eps;
+      const float d = __frcp_rn(s + eps);
 #pragma unroll
-      for (int r = 0; r < N; ++r) m[r][c] /= d;
+      for (int r = 0; r < N; ++r) m[r][c] *= d;
     }
 #pragma unroll
     for (int r = 0; r < N; ++r) {
       float s = 0.0f;
 #pragma unroll
       for (int c = 0; c < N; ++c) s += m[r][c];
-      const float d = s + eps;
+      const float d = __frcp_rn(s + eps);
 #pragma unroll
-      for (int c = 0; c < N; ++c) m[r][c] /= d;
+      for (int c = 0; c < N; ++c) m[r][c] *= d;
     }
   }
   float* o = out + i * N * N;

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "slm/quant/cuda/nvfp4_gemv.h"
 
@@ -120,11 +121,12 @@ struct Gather {
   int64_t experts = 1;
 };
 
-template <int CB, int MT, int S, bool XS, int U, bool PDL>
+// O: the output's element type, float or __nv_bfloat16 (rounded to nearest even, as a cast of the FP32 result is).
+template <int CB, int MT, int S, bool XS, int U, bool PDL, class O>
 __global__ void __launch_bounds__(S * 32)
     nvfp4_gemv_kernel(const uint8_t* __restrict__ codes, const uint8_t* __restrict__ scales,
-                      const float* __restrict__ tensor_scale, const __nv_bfloat16* __restrict__ x,
-                      float* __restrict__ y, int M, int64_t N, int64_t blocks, Gather gather) {
+                      const float* __restrict__ tensor_scale, const __nv_bfloat16* __restrict__ x, O* __restrict__ y,
+                      int M, int64_t N, int64_t blocks, Gather gather) {
   __shared__ uint32_t scale_lut[256];       // E4M3 byte -> BF16x2 (scale * 2^118, twice)
   __shared__ float partial[S][16][8 * MT];  // [warp][row][batch]
   extern __shared__ uint4 xs[];             // XS: [m][k / 8] BF16 pairs (k, k + 4) .. (k + 3, k + 7)
@@ -274,13 +276,17 @@ __global__ void __launch_bounds__(S * 32)
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < S; ++w) sum += partial[w][r][m];
-    y_row(m)[n0 + r] = sum * 256.0f * s_dec;  // undo the 2^-8 folded into the BF16 weights
+    const float v = sum * 256.0f * s_dec;  // undo the 2^-8 folded into the BF16 weights
+    if constexpr (std::is_same_v<O, float>)
+      y_row(m)[n0 + r] = v;
+    else
+      y_row(m)[n0 + r] = __float2bfloat16_rn(v);
   }
 }
 
-template <int CB, int MT, int S, bool XS, int U, bool PDL>
+template <int CB, int MT, int S, bool XS, int U, bool PDL, class O>
 cudaError_t launch_kernel(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
-                          float* y, int64_t N, int64_t blocks, size_t smem, cudaStream_t stream, Gather gather,
+                          O* y, int64_t N, int64_t blocks, size_t smem, cudaStream_t stream, Gather gather,
                           unsigned grid_y, unsigned grid_z) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>((N + 15) / 16), grid_y, grid_z);
@@ -292,29 +298,28 @@ cudaError_t launch_kernel(int M, const uint8_t* codes, const uint8_t* scales, co
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
   cfg.numAttrs = PDL ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel<CB, MT, S, XS, U, PDL>, codes, scales, ts, x, y, M, N, blocks,
+  return cudaLaunchKernelEx(&cfg, nvfp4_gemv_kernel<CB, MT, S, XS, U, PDL, O>, codes, scales, ts, x, y, M, N, blocks,
                             gather);
 }
 
 // Configurations measured on an H200 (bench/nvfp4_gemv_variants.cu, bench/RESULTS.md). XS: staging pays for one or
 // two activation rows; larger batches read them through L1. The staged rows share the default 48 KiB per block with
 // the static arrays (no opt-in needed).
-template <int CB, int MT, int S, int U, bool PDL>
-cudaError_t launch3(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
-                    float* y, int64_t N, int64_t blocks, cudaStream_t stream, Gather gather, unsigned grid_y,
-                    unsigned grid_z) {
+template <int CB, int MT, int S, int U, bool PDL, class O>
+cudaError_t launch3(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x, O* y,
+                    int64_t N, int64_t blocks, cudaStream_t stream, Gather gather, unsigned grid_y, unsigned grid_z) {
   const size_t static_bytes = 256 * 4 + S * 16 * 8 * MT * 4;
   const size_t staged = static_cast<size_t>(M) * (blocks * 2 + 1) * 16;
   if (M <= 2 && staged + static_bytes <= 48 * 1024)
-    return launch_kernel<CB, MT, S, true, U, PDL>(M, codes, scales, ts, x, y, N, blocks, staged, stream, gather, grid_y,
-                                                  grid_z);
-  return launch_kernel<CB, MT, S, false, U, PDL>(M, codes, scales, ts, x, y, N, blocks, 0, stream, gather, grid_y,
-                                                 grid_z);
+    return launch_kernel<CB, MT, S, true, U, PDL, O>(M, codes, scales, ts, x, y, N, blocks, staged, stream, gather,
+                                                     grid_y, grid_z);
+  return launch_kernel<CB, MT, S, false, U, PDL, O>(M, codes, scales, ts, x, y, N, blocks, 0, stream, gather, grid_y,
+                                                    grid_z);
 }
 
-template <int CB, bool PDL>
-cudaError_t launch(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x,
-                   float* y, int64_t N, int64_t blocks, cudaStream_t stream, Gather gather = {}, unsigned grid_y = 1,
+template <int CB, bool PDL, class O>
+cudaError_t launch(int M, const uint8_t* codes, const uint8_t* scales, const float* ts, const __nv_bfloat16* x, O* y,
+                   int64_t N, int64_t blocks, cudaStream_t stream, Gather gather = {}, unsigned grid_y = 1,
                    unsigned grid_z = 1) {
   // Up to two row tiles per SM (132 SMs on an H200): a 16-warp K split keeps about 32 warps per SM busy. More
   // tiles: 8 warps per CTA, with 4 steps per batch for one or two rows. A gathered launch has a row of tiles per
@@ -322,12 +327,13 @@ cudaError_t launch(int M, const uint8_t* codes, const uint8_t* scales, const flo
   const bool few_tiles = (N + 15) / 16 * grid_y <= 264;
   if (M <= 8) {
     if (few_tiles)
-      return launch3<CB, 1, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z);
-    return M <= 2 ? launch3<CB, 1, 8, 4, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z)
-                  : launch3<CB, 1, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z);
+      return launch3<CB, 1, 16, 2, PDL, O>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z);
+    return M <= 2 ? launch3<CB, 1, 8, 4, PDL, O>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z)
+                  : launch3<CB, 1, 8, 2, PDL, O>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z);
   }
-  return few_tiles ? launch3<CB, 2, 16, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z)
-                   : launch3<CB, 2, 8, 2, PDL>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z);
+  return few_tiles
+             ? launch3<CB, 2, 16, 2, PDL, O>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z)
+             : launch3<CB, 2, 8, 2, PDL, O>(M, codes, scales, ts, x, y, N, blocks, stream, gather, grid_y, grid_z);
 }
 
 // 16-byte code loads need an even number of blocks per row and aligned codes and scales.
@@ -338,8 +344,10 @@ bool vec16_loads(const uint8_t* codes, const uint8_t* scales, int64_t blocks) {
 
 }  // namespace
 
-std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x_in, float* y,
-                 int64_t M, int64_t N, int64_t blocks, void* stream_in, bool pdl) {
+namespace {
+template <class O>
+std::string gemv_rows(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x_in, O* y,
+                      int64_t M, int64_t N, int64_t blocks, void* stream_in, bool pdl) {
   if (M <= 0 || N <= 0) return "";
   if (reinterpret_cast<uintptr_t>(codes) % 8 != 0) return "codes pointer is not 8-byte aligned";
   if (reinterpret_cast<uintptr_t>(x_in) % 16 != 0) return "activation pointer is not 16-byte aligned";
@@ -351,22 +359,29 @@ std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tenso
   for (int64_t m0 = 0; m0 < M; m0 += 16) {
     const int mc = static_cast<int>(M - m0 < 16 ? M - m0 : 16);
     const __nv_bfloat16* xm = x + m0 * ldx;
-    float* ym = y + m0 * N;
-    const cudaError_t err = vec16
-                                ? (pdl ? launch<2, true>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream)
-                                       : launch<2, false>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream))
-                                : (pdl ? launch<1, true>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream)
-                                       : launch<1, false>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream));
+    O* ym = y + m0 * N;
+    const cudaError_t err =
+        vec16 ? (pdl ? launch<2, true, O>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream)
+                     : launch<2, false, O>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream))
+              : (pdl ? launch<1, true, O>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream)
+                     : launch<1, false, O>(mc, codes, scales, tensor_scale, xm, ym, N, blocks, stream));
     if (err != cudaSuccess) return cudaGetErrorString(err);
   }
   return "";
+}
+}  // namespace
+
+std::string gemv(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x, void* y,
+                 int64_t M, int64_t N, int64_t blocks, void* stream, bool pdl, bool bf16_out) {
+  return bf16_out ? gemv_rows(codes, scales, tensor_scale, x, static_cast<__nv_bfloat16*>(y), M, N, blocks, stream, pdl)
+                  : gemv_rows(codes, scales, tensor_scale, x, static_cast<float*>(y), M, N, blocks, stream, pdl);
 }
 
 namespace {
 // The checks and launch of gemv_gathered and gemv_grouped: M is 1 (gathered) or up to 16 (grouped, set per CTA).
 std::string launch_routed(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x_in,
-                          float* y, Gather gather, int M, unsigned grid_y, unsigned grid_z, int64_t N, int64_t blocks,
-                          void* stream_in) {
+                          void* y, bool bf16_out, Gather gather, int M, unsigned grid_y, unsigned grid_z, int64_t N,
+                          int64_t blocks, void* stream_in) {
   if (reinterpret_cast<uintptr_t>(codes) % 8 != 0) return "codes pointer is not 8-byte aligned";
   if (reinterpret_cast<uintptr_t>(x_in) % 16 != 0) return "activation pointer is not 16-byte aligned";
   if (gather.x_div < 1 || gather.experts < 1) return "x_div and experts must be positive";
@@ -376,29 +391,33 @@ std::string launch_routed(const uint8_t* codes, const uint8_t* scales, const flo
   auto stream = static_cast<cudaStream_t>(stream_in);
   const auto* x = static_cast<const __nv_bfloat16*>(x_in);
   // No programmatic dependent launch: the ids, read first, come from the kernel just before.
-  const cudaError_t err =
-      vec16 ? launch<2, false>(M, codes, scales, tensor_scale, x, y, N, blocks, stream, gather, grid_y, grid_z)
-            : launch<1, false>(M, codes, scales, tensor_scale, x, y, N, blocks, stream, gather, grid_y, grid_z);
+  const auto run = [&](auto* out) {
+    using O = std::remove_pointer_t<decltype(out)>;
+    return vec16
+               ? launch<2, false, O>(M, codes, scales, tensor_scale, x, out, N, blocks, stream, gather, grid_y, grid_z)
+               : launch<1, false, O>(M, codes, scales, tensor_scale, x, out, N, blocks, stream, gather, grid_y, grid_z);
+  };
+  const cudaError_t err = bf16_out ? run(static_cast<__nv_bfloat16*>(y)) : run(static_cast<float*>(y));
   return err == cudaSuccess ? "" : cudaGetErrorString(err);
 }
 }  // namespace
 
 std::string gemv_gathered(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x,
-                          float* y, const int64_t* ids, int64_t assignments, int64_t x_div, int64_t experts, int64_t N,
-                          int64_t blocks, void* stream) {
+                          void* y, const int64_t* ids, int64_t assignments, int64_t x_div, int64_t experts, int64_t N,
+                          int64_t blocks, void* stream, bool bf16_out) {
   if (assignments <= 0 || N <= 0) return "";
   if (assignments > 65535) return "more than 65535 assignments in one launch";
   Gather gather;
   gather.ids = ids;
   gather.x_div = x_div;
   gather.experts = experts;
-  return launch_routed(codes, scales, tensor_scale, x, y, gather, 1, static_cast<unsigned>(assignments), 1, N, blocks,
-                       stream);
+  return launch_routed(codes, scales, tensor_scale, x, y, bf16_out, gather, 1, static_cast<unsigned>(assignments), 1, N,
+                       blocks, stream);
 }
 
-std::string gemv_grouped(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x,
-                         float* y, const int64_t* order, const int32_t* ends, int64_t assignments, int64_t x_div,
-                         int64_t experts, int64_t N, int64_t blocks, void* stream) {
+std::string gemv_grouped(const uint8_t* codes, const uint8_t* scales, const float* tensor_scale, const void* x, void* y,
+                         const int64_t* order, const int32_t* ends, int64_t assignments, int64_t x_div, int64_t experts,
+                         int64_t N, int64_t blocks, void* stream, bool bf16_out) {
   if (assignments <= 0 || N <= 0) return "";
   if (experts > 65535 || (assignments + 15) / 16 > 65535) return "too many experts or assignments for one launch";
   Gather gather;
@@ -407,7 +426,7 @@ std::string gemv_grouped(const uint8_t* codes, const uint8_t* scales, const floa
   gather.x_div = x_div;
   gather.experts = experts;
   // Any expert may hold every assignment: as many 16-row chunks per expert as the assignments fill.
-  return launch_routed(codes, scales, tensor_scale, x, y, gather, 16, static_cast<unsigned>(experts),
+  return launch_routed(codes, scales, tensor_scale, x, y, bf16_out, gather, 16, static_cast<unsigned>(experts),
                        static_cast<unsigned>((assignments + 15) / 16), N, blocks, stream);
 }
 
