@@ -12,6 +12,8 @@
 #include "model/model_test_util.h"
 #include "model/recurrent_layer_checks.h"
 #include "slm/model/layers/attention.h"
+#include "slm/ops/dsa_select.h"
+#include "slm/ops/fused_kernels.h"
 #include "slm/ops/sparse_attention.h"
 #include "slm/recipe/accounting.h"
 
@@ -501,4 +503,63 @@ TEST(DsaModel, CudaMatchesTheCpu) {
   gpu.prefill(tokens.cuda().narrow(1, 0, 10), state);
   for (int64_t t = 10; t < 26; ++t)
     ASSERT_LT(max_abs_diff(gpu.decode(tokens.cuda().select(1, t), state).cpu(), full.select(1, t).cpu()), 1e-9) << t;
+}
+
+// The decode step's fused selection (ops::dsa_keep_step) keeps exactly the keys dsa_select_at lists (computed by
+// the torch sort on the same device), for FP32 and BF16 scores with many ties, windows, local windows, ratios, a
+// cache wider than one pass of the kernel's 1,024 threads, and rows at different positions.
+TEST(DsaSelect, FusedKeepOnCudaIsTheSelectedSet) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(31);
+  const int64_t b = 4;
+  for (auto dtype : {torch::kFloat, torch::kBFloat16})
+    for (int64_t capacity : {40, 2500})
+      for (double ratio : {0.4, 0.5})
+        for (int64_t local : {1, 5})
+          for (int64_t window : {0, 37, 1500}) {
+            SCOPED_TRACE(::testing::Message() << dtype << " capacity " << capacity << " ratio " << ratio << " local "
+                                              << local << " window " << window);
+            // ReLU-like scores: about half exact zeros, the rest small integers and halves (ties everywhere).
+            auto scores = (torch::randint(-6, 7, {b, capacity}) / 2.0).clamp_min(0).to(dtype).cuda();
+            ASSERT_TRUE(ops::dsa_keep_fusable(scores, local));
+            for (int64_t p : {int64_t{0}, int64_t{3}, capacity / 2, capacity - 1}) {
+              auto positions =
+                  torch::tensor({p, (p + 11) % capacity, capacity - 1 - p / 2, p / 3}, torch::kLong).cuda();
+              const auto keep = ops::dsa_keep_step(scores, positions, ratio, local, window).cpu();
+              const auto index = model::dsa_select_at(scores.unsqueeze(1), positions, ratio, local, window).cpu();
+              auto want = torch::zeros({b, capacity + 1}, torch::kBool);  // the last column takes the -1 slots
+              want.scatter_(1, torch::where(index.squeeze(1) < 0, capacity, index.squeeze(1)), true);
+              ASSERT_TRUE(torch::equal(keep, want.narrow(1, 0, capacity))) << "position " << p;
+            }
+          }
+}
+
+// A DSA layer's decode step on CUDA takes the fused selection and the masked decode attention (head dim 32): its
+// logits equal the full forward's (the prefill path sorts and masks) and the unfused step's.
+TEST(DsaModel, CudaDecodeStepAttendsTheFusedSelection) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto j = nlohmann::json::parse(R"({
+    "name": "dsa-gqa", "vocab_size": 64, "d_model": 64, "depth": 2, "pattern": "A", "seq_len": 128,
+    "attention": {"heads": 4, "kv_heads": 2, "head_dim": 32, "window_pattern": "SL", "short_window": 9,
+                  "dsa_enabled": true, "dsa_top_k_ratio": 0.5, "dsa_local_window": 3,
+                  "dsa_indexer_heads": 2, "dsa_indexer_dim": 8}
+  })");
+  auto m = std::make_unique<model::HybridLM>(parse(j), torch::TensorOptions().device(torch::kCUDA));
+  randomize(*m, 32);
+  m->eval();
+  torch::NoGradGuard no_grad;
+  const int64_t total = 60;
+  auto tokens = random_tokens(2, total, 64, 33).cuda();
+  auto full = m->forward(tokens).logits;
+  ASSERT_TRUE(ops::dsa_keep_fusable(torch::zeros({2, total}, full.options()), 3));
+  for (bool fused : {true, false}) {
+    ops::set_fused_kernels(fused);
+    auto state = m->new_state(2, total);
+    m->prefill(tokens.narrow(1, 0, 20), state);
+    double worst = 0;
+    for (int64_t t = 20; t < total; ++t)
+      worst = std::max(worst, max_abs_diff(m->decode(tokens.select(1, t), state), full.select(1, t)));
+    EXPECT_LT(worst, 1e-4) << (fused ? "fused" : "unfused");
+  }
+  ops::set_fused_kernels(true);
 }

@@ -14,9 +14,11 @@ using namespace slm;
 
 namespace {
 
-// out[b, h] = Σ_j softmax_j(scale q·k_j) v_j over keys max(0, len - window) .. len - 1 of kv head h / (H / KV).
+// out[b, h] = Σ_j softmax_j(scale q·k_j) v_j over keys max(0, len - window) .. len - 1 of kv head h / (H / KV),
+// only those with keep[b][j] when keep is given.
 torch::Tensor loop_reference(const torch::Tensor& q_in, const torch::Tensor& k_in, const torch::Tensor& v_in,
-                             const std::vector<int64_t>& lengths, int64_t window) {
+                             const std::vector<int64_t>& lengths, int64_t window, const torch::Tensor& keep_in = {}) {
+  const auto keep = keep_in.defined() ? keep_in.cpu() : torch::Tensor();
   auto q = q_in.cpu().to(torch::kDouble), k = k_in.cpu().to(torch::kDouble), v = v_in.cpu().to(torch::kDouble);
   const int64_t b = q.size(0), h = q.size(1), d = q.size(2), group = h / k.size(1);
   auto out = torch::zeros({b, h, d}, torch::kDouble);
@@ -31,6 +33,10 @@ torch::Tensor loop_reference(const torch::Tensor& q_in, const torch::Tensor& k_i
       std::vector<double> s;
       double m = -INFINITY;
       for (int64_t j = first; j < len; ++j) {
+        if (keep.defined() && !keep[r][j].item<bool>()) {
+          s.push_back(-INFINITY);
+          continue;
+        }
         double dot = 0;
         for (int64_t i = 0; i < d; ++i) dot += qa[r][hh][i] * ka[r][kv][j][i];
         s.push_back(dot * scale);
@@ -80,6 +86,29 @@ TEST(DecodeAttention, CpuMatchesTheFloat64Loop) {
   for (const auto& c : kCases) check(c, torch::kCPU, torch::kFloat, 1e-5);
 }
 
+// With a keep mask (a DSA layer's selection): only the marked keys of each row's range take part. Each row keeps its
+// last key and about a third of the others, so some key ranges of the CUDA kernel keep none.
+void check_keep(const Case& c, const torch::Device& device, torch::ScalarType dtype, double tol) {
+  torch::manual_seed(c.b * 17 + c.cap);
+  auto o = torch::TensorOptions().dtype(dtype).device(device);
+  auto q = torch::randn({c.b, c.h, c.d}, o), k = torch::randn({c.b, c.kv, c.cap, c.d}, o),
+       v = torch::randn({c.b, c.kv, c.cap, c.d}, o);
+  auto keep = torch::rand({c.b, c.cap}) < 0.3;
+  for (int64_t r = 0; r < c.b; ++r) keep[r][c.lengths[static_cast<size_t>(r)] - 1] = true;
+  auto out = ops::decode_attention(q, k, v, torch::tensor(c.lengths, torch::kLong).to(device), c.window, std::nullopt,
+                                   keep.to(device));
+  const auto ref = loop_reference(q, k, v, c.lengths, c.window, keep);
+  EXPECT_LE(max_rel(out, ref), tol) << "b " << c.b << " cap " << c.cap << " window " << c.window;
+  // The mask matters: without it the output differs.
+  EXPECT_GT(max_rel(ops::decode_attention(q, k, v, torch::tensor(c.lengths, torch::kLong).to(device), c.window), ref),
+            10 * tol);
+}
+
+TEST(DecodeAttention, CpuKeepMaskMatchesTheFloat64Loop) {
+  for (const auto& c : kCases)
+    if (c.cap > 16) check_keep(c, torch::kCPU, torch::kFloat, 1e-5);
+}
+
 TEST(DecodeAttention, RejectsLengthsOutsideTheCache) {
   auto q = torch::randn({1, 2, 32}), k = torch::randn({1, 2, 8, 32});
   EXPECT_THROW(ops::decode_attention(q, k, k, torch::tensor({9}, torch::kLong), 0), Error);
@@ -94,4 +123,13 @@ TEST(DecodeAttentionCuda, KernelMatchesTheFloat64Loop) {
     check(c, torch::kCUDA, torch::kFloat, 1e-5);
     check(c, torch::kCUDA, torch::kBFloat16, 1e-2);
   }
+}
+
+TEST(DecodeAttentionCuda, KernelKeepMaskMatchesTheFloat64Loop) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  for (const auto& c : kCases)
+    if (c.cap > 16) {
+      check_keep(c, torch::kCUDA, torch::kFloat, 1e-5);
+      check_keep(c, torch::kCUDA, torch::kBFloat16, 1e-2);
+    }
 }

@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "slm/ops/attention.h"
+#include "slm/ops/decode_attention.h"
+#include "slm/ops/dsa_select.h"
 #include "slm/ops/sparse_attention.h"
 #include "slm/util/error.h"
 
@@ -178,7 +180,14 @@ torch::Tensor DsaIndexerImpl::attend_step(const torch::Tensor& h, const torch::T
   const auto& at = cache.positions();
   const RotaryPositions pos{cache.length(), at.view({b, 1}), cache.capacity()};
   const auto all_keys = cache.write_step(slot, keys(x, pos));  // [B, capacity, d_I]
-  const auto index = dsa_select_at(scores(x, all_keys, pos), at, ratio, local_window, window);
+  const auto sc = scores(x, all_keys, pos);                    // [B, 1, capacity]
+  if (ops::dsa_keep_fusable(sc.squeeze(1), local_window) && ops::decode_attention_has_kernel(q.size(-1))) {
+    // The selected set as a mask over the cache, attended by the decode kernel: two launches where the sort, the
+    // ops around it, the gather and a dense attention were ~25 (ops/dsa_select.h).
+    const auto keep = ops::dsa_keep_step(sc.squeeze(1), at, ratio, local_window, window);
+    return ops::decode_attention(q.squeeze(2), k, v, at + 1, window, scale, keep).unsqueeze(2);
+  }
+  const auto index = dsa_select_at(sc, at, ratio, local_window, window);
   return ops::sparse_attention(q, k, v, index, scale).out;
 }
 

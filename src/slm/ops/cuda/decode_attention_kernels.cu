@@ -10,6 +10,10 @@
 // elements [i·VPL, (i+1)·VPL) of q and of the accumulator, so a score is one warp all-reduce. The warps merge in
 // shared memory and the CTA writes (max, sum, unnormalized accumulator).
 // Pass 2, grid (H, B), D threads: merges the splits, out = Σ_s acc_s e^{m_s - M} / Σ_s l_s e^{m_s - M}.
+// keep (optional, [B, capacity] bytes): only keys with a non-zero byte take part. A DSA layer's decode step passes the
+// keys its indexer selected (ops/dsa_select.h), so its sparse attention is this kernel with a mask instead of a
+// gather of the selected rows and a dense attention over them. A split with no kept key writes m = -inf, which pass 2
+// skips.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -60,7 +64,8 @@ __device__ __forceinline__ void load_lane(const T* p, float (&out)[VPL]) {
 template <class T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
     decode_partial(DecodeAttentionShape s, const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
-                   const int64_t* __restrict__ lengths, float* __restrict__ part_ml, float* __restrict__ part_acc) {
+                   const int64_t* __restrict__ lengths, const uint8_t* __restrict__ keep, float* __restrict__ part_ml,
+                   float* __restrict__ part_acc) {
   constexpr int VPL = D / 32;
   const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -80,7 +85,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     acc[i] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
+  const uint8_t* kept = keep ? keep + static_cast<int64_t>(b) * s.capacity : nullptr;
   for (int64_t j = lo + warp; j < hi; j += kWarps) {
+    if (kept && !kept[j]) continue;  // the same j for the whole warp
     float kv[VPL], vv[VPL];
     load_lane<T, VPL>(kp + j * D, kv);
     load_lane<T, VPL>(vp + j * D, vv);
@@ -145,10 +152,10 @@ __global__ void decode_combine(DecodeAttentionShape s, const float* __restrict__
 
 template <class T, int D>
 std::string launch(const DecodeAttentionShape& s, const void* q, const void* k, const void* v, const int64_t* lengths,
-                   void* out, float* part_ml, float* part_acc, cudaStream_t stream) {
+                   const uint8_t* keep, void* out, float* part_ml, float* part_acc, cudaStream_t stream) {
   const dim3 grid1(static_cast<unsigned>(s.splits), static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
   decode_partial<T, D><<<grid1, kWarps * 32, 0, stream>>>(s, static_cast<const T*>(q), static_cast<const T*>(k),
-                                                          static_cast<const T*>(v), lengths, part_ml, part_acc);
+                                                          static_cast<const T*>(v), lengths, keep, part_ml, part_acc);
   const dim3 grid2(static_cast<unsigned>(s.heads), static_cast<unsigned>(s.batch));
   decode_combine<T, D><<<grid2, D, 0, stream>>>(s, part_ml, part_acc, static_cast<T*>(out));
   const cudaError_t e = cudaGetLastError();
@@ -157,12 +164,13 @@ std::string launch(const DecodeAttentionShape& s, const void* q, const void* k, 
 
 template <class T>
 std::string launch_dim(const DecodeAttentionShape& s, const void* q, const void* k, const void* v,
-                       const int64_t* lengths, void* out, float* part_ml, float* part_acc, cudaStream_t stream) {
+                       const int64_t* lengths, const uint8_t* keep, void* out, float* part_ml, float* part_acc,
+                       cudaStream_t stream) {
   switch (s.head_dim) {
-    case 32: return launch<T, 32>(s, q, k, v, lengths, out, part_ml, part_acc, stream);
-    case 64: return launch<T, 64>(s, q, k, v, lengths, out, part_ml, part_acc, stream);
-    case 128: return launch<T, 128>(s, q, k, v, lengths, out, part_ml, part_acc, stream);
-    case 256: return launch<T, 256>(s, q, k, v, lengths, out, part_ml, part_acc, stream);
+    case 32: return launch<T, 32>(s, q, k, v, lengths, keep, out, part_ml, part_acc, stream);
+    case 64: return launch<T, 64>(s, q, k, v, lengths, keep, out, part_ml, part_acc, stream);
+    case 128: return launch<T, 128>(s, q, k, v, lengths, keep, out, part_ml, part_acc, stream);
+    case 256: return launch<T, 256>(s, q, k, v, lengths, keep, out, part_ml, part_acc, stream);
     default: return "decode attention: head dim " + std::to_string(s.head_dim) + " is not compiled";
   }
 }
@@ -174,14 +182,14 @@ bool decode_attention_supported(int64_t head_dim) {
 }
 
 std::string decode_attention(const DecodeAttentionShape& s, DecodeDtype dtype, const void* q, const void* k,
-                             const void* v, const int64_t* lengths, void* out, float* partial_ml, float* partial_acc,
-                             void* stream) {
+                             const void* v, const int64_t* lengths, const uint8_t* keep, void* out, float* partial_ml,
+                             float* partial_acc, void* stream) {
   auto st = static_cast<cudaStream_t>(stream);
   switch (dtype) {
-    case DecodeDtype::kFloat: return launch_dim<float>(s, q, k, v, lengths, out, partial_ml, partial_acc, st);
+    case DecodeDtype::kFloat: return launch_dim<float>(s, q, k, v, lengths, keep, out, partial_ml, partial_acc, st);
     case DecodeDtype::kBFloat16:
-      return launch_dim<__nv_bfloat16>(s, q, k, v, lengths, out, partial_ml, partial_acc, st);
-    case DecodeDtype::kHalf: return launch_dim<__half>(s, q, k, v, lengths, out, partial_ml, partial_acc, st);
+      return launch_dim<__nv_bfloat16>(s, q, k, v, lengths, keep, out, partial_ml, partial_acc, st);
+    case DecodeDtype::kHalf: return launch_dim<__half>(s, q, k, v, lengths, keep, out, partial_ml, partial_acc, st);
   }
   return "decode attention: unknown dtype";
 }

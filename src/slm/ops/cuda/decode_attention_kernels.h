@@ -20,10 +20,11 @@ struct DecodeAttentionShape {
 bool decode_attention_supported(int64_t head_dim);
 
 // q [B, H, D]; k, v [B, KV, capacity, D] (contiguous); lengths [B] int64, the keys each row holds (1..capacity);
-// out [B, H, D]; partial_ml [B, H, splits, 2] and partial_acc [B, H, splits, D] FP32 scratch. stream: a
+// keep: nullptr, or [B, capacity] bytes, non-zero for the keys that take part (each row keeps at least one key of
+// its range); out [B, H, D]; partial_ml [B, H, splits, 2] and partial_acc [B, H, splits, D] FP32 scratch. stream: a
 // cudaStream_t. Returns "" or the CUDA error text.
 std::string decode_attention(const DecodeAttentionShape& s, DecodeDtype dtype, const void* q, const void* k,
-                             const void* v, const int64_t* lengths, void* out, float* partial_ml, float* partial_acc,
-                             void* stream);
+                             const void* v, const int64_t* lengths, const uint8_t* keep, void* out, float* partial_ml,
+                             float* partial_acc, void* stream);
 
 }  // namespace slm::ops::cuda
