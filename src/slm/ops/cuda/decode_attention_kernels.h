@@ -16,6 +16,9 @@ struct DecodeAttentionShape {
   float scale;
 };
 
+// The most key ranges (DecodeAttentionShape::splits) one launch takes.
+constexpr int64_t kMaxSplits = 256;
+
 // Whether the kernel is compiled for this head dim (32, 64, 128 or 256).
 bool decode_attention_supported(int64_t head_dim);
 
