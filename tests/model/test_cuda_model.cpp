@@ -26,7 +26,8 @@ void copy_weights(model::HybridLM& dst, const model::HybridLM& src) {
 
 TEST(CudaModel, EveryLayerFamilyMatchesTheCpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
-  for (const char* recipe : {"recipes/tiny-hybrid.json", "recipes/tiny-ae.json"}) {
+  // tiny-full: mHC (learned mixes, then plain ones, whose decode runs the fused stream add + mean), Engram, MLA, DSA.
+  for (const char* recipe : {"recipes/tiny-hybrid.json", "recipes/tiny-ae.json", "recipes/tiny-full.json"}) {
     Recipe r = load_recipe(source_path(recipe));
     model::HybridLM cpu(r);
     randomize(cpu, 7);

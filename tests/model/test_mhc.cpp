@@ -10,6 +10,7 @@
 
 #include "model_test_util.h"
 #include "ops/gradcheck.h"
+#include "slm/ops/residual_mix.h"
 
 using namespace slm;
 using namespace slm::test;
@@ -98,6 +99,30 @@ TEST(Mhc, CudaSinkhornKernelEqualsTheLoopsAndTheOps) {
       const auto want = naive_sinkhorn(values(zs[i]), n, 20, 1e-6);
       const auto got = values(ms[i]);
       for (int k = 0; k < n * n; ++k) ASSERT_NEAR(got[k], want[k], 1e-5) << n << ": " << i << "," << k;
+    }
+  }
+}
+
+// The plain mix's fused form on the GPU: X' = X + y on every stream bit for bit as the tensor ops, and X''s mean
+// over the streams as torch's mean computes it (BF16: equal; FP32: the same sum in another order). The streams may
+// be the embedding's expanded copies (not contiguous).
+TEST(Mhc, CudaStreamAddMeanEqualsTheTensorOps) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::NoGradGuard no_grad;
+  torch::manual_seed(22);
+  for (auto dtype : {torch::kBFloat16, torch::kFloat}) {
+    const auto o = torch::TensorOptions().dtype(dtype).device(torch::kCUDA);
+    const auto x0 = torch::randn({2, 3, 96}, o);
+    for (const auto& streams : {torch::randn({2, 3, 4, 96}, o), x0.unsqueeze(2).expand({2, 3, 4, 96})}) {
+      const auto y = torch::randn({2, 3, 96}, o) * 3;
+      ASSERT_TRUE(ops::stream_add_mean_fusable(streams, y));
+      const auto [out, mean] = ops::stream_add_mean(streams, y);
+      const auto want = streams + y.unsqueeze(-2);
+      EXPECT_TRUE(torch::equal(out, want)) << dtype;
+      if (dtype == torch::kBFloat16)
+        EXPECT_TRUE(torch::equal(mean, want.mean(-2)));
+      else
+        EXPECT_LT((mean - want.mean(-2)).abs().max().item<double>(), 1e-6);
     }
   }
 }

@@ -90,10 +90,19 @@ torch::Tensor HybridLM::trunk(const torch::Tensor& x0, const LayerFn& block, con
     return y.defined() ? x + y : x;
   }
   auto streams = x0.unsqueeze(2).expand({-1, -1, recipe_.mhc.streams, -1});
+  torch::Tensor mean;  // the streams' mean, when the last plain mix computed it along
   for (size_t l = 0; l < layers_.size(); ++l) {
-    if (engram_[l]) streams = streams + memory(l, streams);
     auto run = [&](const torch::Tensor& u) { return block(l, u); };
-    streams = mhc_[l] ? mhc_[l]->forward(streams, run) : mhc_plain(streams, run);
+    if (engram_[l]) {
+      streams = streams + memory(l, streams);
+      mean = torch::Tensor();
+    }
+    if (mhc_[l]) {
+      streams = mhc_[l]->forward(streams, run);
+      mean = torch::Tensor();
+    } else {
+      streams = mhc_plain(streams, run, mean);
+    }
   }
   return mhc_head(streams);
 }

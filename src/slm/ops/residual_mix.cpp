@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+
 #include "slm/ops/decode_dtype.h"
 #include "slm/ops/fused_kernels.h"
 #include "slm/util/error.h"
@@ -39,6 +41,37 @@ at::Tensor residual_mix(const at::Tensor& x, const at::Tensor& y, const at::Tens
   }
 #endif
   return y.defined() ? r * (x + y) + b * x0 : r * x + b * x0;
+}
+
+bool stream_add_mean_fusable(const at::Tensor& streams, const at::Tensor& y) {
+#ifdef SLM_WITH_CUDA
+  const auto dt = streams.scalar_type();
+  return fused_kernels_enabled() && streams.is_cuda() && decode_dtype_supported(dt) && y.scalar_type() == dt &&
+         y.device() == streams.device() && streams.dim() == y.dim() + 1 && streams.dim() >= 2 &&
+         streams.sizes().slice(0, y.dim() - 1) == y.sizes().slice(0, y.dim() - 1) && streams.size(-1) == y.size(-1) &&
+         !(at::GradMode::is_enabled() && (streams.requires_grad() || y.requires_grad()));
+#else
+  (void)streams, (void)y;
+  return false;
+#endif
+}
+
+std::pair<at::Tensor, at::Tensor> stream_add_mean(const at::Tensor& streams, const at::Tensor& y) {
+  if (!stream_add_mean_fusable(streams, y))
+    throw Error("stream_add_mean: no fused kernel for these streams and block output (check stream_add_mean_fusable)");
+#ifdef SLM_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(streams.device());
+  const auto x = streams.contiguous(), yc = y.contiguous();
+  auto out = at::empty_like(x), mean = at::empty_like(yc);
+  const int64_t n = x.size(-2), d = x.size(-1);
+  const std::string err = cuda::stream_add_mean(decode_dtype(x.scalar_type()), x.data_ptr(), yc.data_ptr(),
+                                                out.data_ptr(), mean.data_ptr(), yc.numel() / std::max<int64_t>(d, 1),
+                                                n, d, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  if (!err.empty()) throw Error("stream_add_mean: " + err);
+  return {out, mean};
+#else
+  throw Error("stream_add_mean: a CPU build has no fused kernel");
+#endif
 }
 
 }  // namespace slm::ops

@@ -5,9 +5,20 @@
 // the tensor ops do and so equals them bit for bit; elsewhere those ops.
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
 namespace slm::ops {
 
 at::Tensor residual_mix(const at::Tensor& x, const at::Tensor& y, const at::Tensor& r, const at::Tensor& x0,
                         const at::Tensor& b);
+
+// mHC's plain mix (model/features/mhc.h) and the next one's input together: for streams [..., n, D] and the block's
+// output y [..., D], X' = streams + y on every stream and X'.mean(-2), which the next plain layer reads. Whether
+// (with ops::fused_kernels_enabled()) stream_add_mean runs here: a CUDA build, both on the GPU in one dtype of FP32,
+// BF16 or FP16, no gradient wanted, matching shapes.
+bool stream_add_mean_fusable(const at::Tensor& streams, const at::Tensor& y);
+// One kernel (a mean kernel over the strided stream dim and a broadcast add before): the sums round as the tensor
+// ops round them, and the mean is their sum in FP32 times 1/n rounded once, as torch's mean computes it.
+std::pair<at::Tensor, at::Tensor> stream_add_mean(const at::Tensor& streams, const at::Tensor& y);
 
 }  // namespace slm::ops

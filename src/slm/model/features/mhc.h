@@ -15,6 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include "slm/ops/residual_mix.h"
 #include "slm/recipe/recipe.h"
 
 namespace slm::model {
@@ -68,10 +69,20 @@ class MhcHeadImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MhcHead);
 
-// The fixed plain-residual mix: X' = X + y on every stream, the block reading the mean of the streams.
+// The fixed plain-residual mix: X' = X + y on every stream, the block reading the mean of the streams. mean: the
+// streams' mean when the plain mix before left it (else computed here); on return X''s mean, where the fused kernel
+// computes it along with X' (inference on CUDA: one launch per plain layer instead of a mean and a broadcast add),
+// else undefined.
 template <class Block>
-torch::Tensor mhc_plain(const torch::Tensor& streams, Block&& block) {
-  return streams + block(streams.mean(-2)).unsqueeze(-2);
+torch::Tensor mhc_plain(const torch::Tensor& streams, Block&& block, torch::Tensor& mean) {
+  const auto y = block(mean.defined() ? mean : streams.mean(-2));
+  if (ops::stream_add_mean_fusable(streams, y)) {
+    auto [out, next] = ops::stream_add_mean(streams, y);
+    mean = next;
+    return out;
+  }
+  mean = torch::Tensor();
+  return streams + y.unsqueeze(-2);
 }
 
 }  // namespace slm::model

@@ -14,4 +14,9 @@ namespace slm::ops::cuda {
 std::string residual_mix(DecodeDtype dtype, const void* x, const void* y, const void* r, const void* x0, const void* b,
                          void* out, int64_t n, void* stream);
 
+// out[r, i, j] = x[r, i, j] + y[r, j] for i < n (rounded to the dtype), mean[r, j] = (sum over i of out[r, i, j], in
+// FP32) * (1/n in FP32), rounded; x, out [rows, n, d] and y, mean [rows, d] contiguous, one dtype.
+std::string stream_add_mean(DecodeDtype dtype, const void* x, const void* y, void* out, void* mean, int64_t rows,
+                            int64_t n, int64_t d, void* stream);
+
 }  // namespace slm::ops::cuda
