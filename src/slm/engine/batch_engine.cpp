@@ -97,7 +97,7 @@ class BatchEngine final : public QueuedEngine {
     const auto slots = static_cast<size_t>(options_.slots);
     while (take(slots - rows_.size() - prefilling_.size(), !rows_.empty() || !prefilling_.empty(), taken)) {
       for (auto& job : taken) {
-        Sequence q{job, model::Sampler(sampler_options(job->request.sampling))};
+        Sequence q{job, model::Sampler(sampler_options(job->request.sampling)), std::nullopt, 0, 0, 0, {}};
         q.sampler.set_prompt(job->request.prompt);
         q.result.prompt_tokens = static_cast<int64_t>(job->request.prompt.size());
         prefilling_.push_back(std::move(q));

@@ -64,7 +64,9 @@ __global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T*
                                                const int64_t* __restrict__ ids, const float* __restrict__ gates,
                                                const T* __restrict__ h_shared, const T* __restrict__ w_shared,
                                                T* __restrict__ y, int k, int out, int hidden, int shared_hidden) {
-  constexpr int kVec = 16 / sizeof(T), kUnroll = 4;
+  // 8 loads in flight per lane: a cmake specialist row is 18 chunks per lane, 3 rounds of memory latency instead of
+  // 5 (measured on an H200: 4.7 -> 4.2 us per call for hybrid-250m, 11.8 -> 11.6 for the cmake specialist).
+  constexpr int kVec = 16 / sizeof(T), kUnroll = 8;
   static_assert(kVec % 4 == 0, "a chunk's activations are whole float4s");
   extern __shared__ float4 act4[];  // [k * hidden + shared_hidden] floats, then k expert ids
   float* act = reinterpret_cast<float*>(act4);
