@@ -141,4 +141,67 @@ at::Tensor gathered_swiglu_combine(const at::Tensor& h_in, const at::Tensor& w, 
 #endif
 }
 
+#ifdef SLM_WITH_CUDA
+namespace {
+bool nvfp4_stack_fits(const Nvfp4Stack& w, const at::Device& device) {
+  return w.matrices >= 1 && w.in >= 32 && w.in % 32 == 0 && w.codes.device() == device &&
+         w.codes.scalar_type() == at::kByte && w.codes.is_contiguous() &&
+         w.codes.sizes() == at::IntArrayRef{w.matrices * w.out, w.in / 2} &&
+         reinterpret_cast<uintptr_t>(w.codes.data_ptr()) % 16 == 0 && w.scales.device() == device &&
+         w.scales.scalar_type() == at::kByte && w.scales.is_contiguous() &&
+         w.scales.sizes() == at::IntArrayRef{w.matrices * w.out, w.in / 16} &&
+         reinterpret_cast<uintptr_t>(w.scales.data_ptr()) % 2 == 0 && w.tensor_scale.device() == device &&
+         w.tensor_scale.scalar_type() == at::kFloat && w.tensor_scale.numel() == w.matrices;
+}
+}  // namespace
+#endif
+
+bool gathered_swiglu_combine_nvfp4_fusable(const at::Tensor& x, const Nvfp4Stack& w, int64_t k,
+                                           const Nvfp4Stack& w_shared) {
+#ifdef SLM_WITH_CUDA
+  const bool shared = w_shared.matrices > 0;
+  return fused_kernels_enabled() && x.is_cuda() && decode_dtype_supported(x.scalar_type()) &&
+         !(at::GradMode::is_enabled() && x.requires_grad()) && k >= 1 && nvfp4_stack_fits(w, x.device()) &&
+         (!shared || (w_shared.matrices == 1 && w_shared.out == w.out && nvfp4_stack_fits(w_shared, x.device()))) &&
+         cuda::combine_shared_bytes(k, w.in, shared ? w_shared.in : 0) <= cuda::kMaxCombineSharedBytes;
+#else
+  (void)x, (void)w, (void)k, (void)w_shared;
+  return false;
+#endif
+}
+
+at::Tensor gathered_swiglu_combine_nvfp4(const at::Tensor& h_in, const Nvfp4Stack& w, const at::Tensor& ids_in,
+                                         const at::Tensor& gates_in, const at::Tensor& h_shared_in,
+                                         const Nvfp4Stack& w_shared) {
+  const int64_t k = gates_in.dim() == 2 ? gates_in.size(1) : 0, tokens = gates_in.dim() == 2 ? gates_in.size(0) : 0;
+  const bool shared = w_shared.matrices > 0;
+  if (!gathered_swiglu_combine_nvfp4_fusable(h_in, w, k, w_shared) || h_shared_in.defined() != shared)
+    throw Error("gathered_swiglu_combine_nvfp4: no fused kernel for h " + shape_text(h_in) +
+                " here (check gathered_swiglu_combine_nvfp4_fusable)");
+  if (h_in.dim() != 2 || h_in.size(0) != tokens * k || h_in.size(1) != 2 * w.in || ids_in.numel() != tokens * k ||
+      ids_in.device() != h_in.device() || gates_in.device() != h_in.device() ||
+      (shared && h_shared_in.sizes() != at::IntArrayRef{tokens, 2 * w_shared.in}))
+    throw Error("gathered_swiglu_combine_nvfp4: h " + shape_text(h_in) + ", ids " + shape_text(ids_in) + ", gates " +
+                shape_text(gates_in) + " and the shared rows do not describe the same tokens, slots and hidden size");
+#ifdef SLM_WITH_CUDA
+  const c10::cuda::CUDAGuard guard(h_in.device());
+  const auto h = aligned(h_in), h_shared = shared ? aligned(h_shared_in) : at::Tensor();
+  const auto ids = ids_in.to(at::kLong).contiguous(), gates = gates_in.to(at::kFloat).contiguous();
+  const auto matrices = [](const Nvfp4Stack& s) {
+    return s.matrices > 0 ? cuda::Nvfp4Matrices{s.codes.data_ptr<uint8_t>(), s.scales.data_ptr<uint8_t>(),
+                                                s.tensor_scale.data_ptr<float>()}
+                          : cuda::Nvfp4Matrices{};
+  };
+  auto y = at::empty({tokens, w.out}, h.options());
+  const std::string err = cuda::gathered_swiglu_combine_nvfp4(
+      decode_dtype(h.scalar_type()), h.data_ptr(), matrices(w), ids.data_ptr<int64_t>(), gates.data_ptr<float>(),
+      shared ? h_shared.data_ptr() : nullptr, matrices(w_shared), y.data_ptr(), tokens, k, w.out, w.in,
+      shared ? w_shared.in : 0, c10::cuda::getCurrentCUDAStream(h.device().index()).stream());
+  if (!err.empty()) throw Error("gathered_swiglu_combine_nvfp4: " + err);
+  return y;
+#else
+  throw Error("gathered_swiglu_combine_nvfp4: a CPU build has no fused kernel");
+#endif
+}
+
 }  // namespace slm::ops

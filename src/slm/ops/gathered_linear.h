@@ -38,4 +38,20 @@ bool gathered_swiglu_combine_fusable(const at::Tensor& x, const at::Tensor& w, i
 at::Tensor gathered_swiglu_combine(const at::Tensor& h, const at::Tensor& w, const at::Tensor& ids,
                                    const at::Tensor& gates, const at::Tensor& h_shared, const at::Tensor& w_shared);
 
+// The down projections in NVFP4, as quant/nvfp4.h stores a stack of matrices [matrices, out, in]: codes uint8
+// [matrices · out, in / 2], E4M3 scales uint8 [matrices · out, in / 16], FP32 tensor_scale [matrices].
+struct Nvfp4Stack {
+  at::Tensor codes, scales, tensor_scale;
+  int64_t matrices = 0, out = 0, in = 0;
+};
+// gathered_swiglu_combine with w (experts) and w_shared (one matrix, or matrices 0 for none) in NVFP4: whether it
+// runs here for activations of x's dtype and device (the layer's input; h [tokens · k, 2 · w.in] comes from it): on
+// the GPU in FP32/BF16/FP16 without a gradient, in a multiple of 32 for both matrices (whole 16-byte code chunks),
+// the activations within the kernel's shared memory.
+bool gathered_swiglu_combine_nvfp4_fusable(const at::Tensor& x, const Nvfp4Stack& w, int64_t k,
+                                           const Nvfp4Stack& w_shared);
+at::Tensor gathered_swiglu_combine_nvfp4(const at::Tensor& h, const Nvfp4Stack& w, const at::Tensor& ids,
+                                         const at::Tensor& gates, const at::Tensor& h_shared,
+                                         const Nvfp4Stack& w_shared);
+
 }  // namespace slm::ops

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "slm/ops/cuda/element.cuh"
 #include "slm/ops/cuda/gathered_linear_kernel.h"
@@ -59,21 +60,18 @@ __global__ void gathered_linear_kernel(const T* __restrict__ x, const T* __restr
 // Both phases move whole 16-byte chunks: the prologue reads a chunk of the gate half and of the up half of h per
 // iteration, and the dot reads a chunk's activations as float4. Element by element, the prologue issued twice the
 // loads of the dot itself, and lanes reading activations 8 floats apart hit the same shared-memory banks 8 ways.
-template <class T>
-__global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T* __restrict__ w,
-                                               const int64_t* __restrict__ ids, const float* __restrict__ gates,
-                                               const T* __restrict__ h_shared, const T* __restrict__ w_shared,
-                                               T* __restrict__ y, int k, int out, int hidden, int shared_hidden) {
-  // 8 loads in flight per lane: a cmake specialist row is 18 chunks per lane, 3 rounds of memory latency instead of
-  // 5 (measured on an H200: 4.7 -> 4.2 us per call for hybrid-250m, 11.8 -> 11.6 for the cmake specialist).
-  constexpr int kVec = 16 / sizeof(T), kUnroll = 8;
+// The prologue both combine kernels share: act[s·hidden + j] = gate_s · silu(h[t·k + s][j]) · h[t·k + s][hidden + j]
+// for every slot s, then act[k·hidden + j] = silu(h_shared[t][j]) · h_shared[t][shared_hidden + j], as FP32 in shared
+// memory, in whole 16-byte chunks of h; and each slot's expert id. Ends with a barrier. kBf16: silu · up is rounded to
+// BF16 before the gate multiplies it, as the NVFP4 GEMV rounds its input (quant/cuda/nvfp4_gemv.cu).
+template <bool kBf16, class T>
+__device__ __forceinline__ void swiglu_prologue(const T* __restrict__ h, const int64_t* __restrict__ ids,
+                                                const float* __restrict__ gates, const T* __restrict__ h_shared,
+                                                int64_t t, int k, int hidden, int shared_hidden, float4* act4,
+                                                int64_t* expert) {
+  constexpr int kVec = 16 / sizeof(T);
   static_assert(kVec % 4 == 0, "a chunk's activations are whole float4s");
-  extern __shared__ float4 act4[];  // [k * hidden + shared_hidden] floats, then k expert ids
-  float* act = reinterpret_cast<float*>(act4);
-  auto* expert = reinterpret_cast<int64_t*>(act + (k * hidden + shared_hidden + 1) / 2 * 2);
-  const int64_t t = blockIdx.y;
   const auto silu = [](float v) { return v / (1.0f + expf(-v)); };
-  // Chunk c < k * per_slot: slot c / per_slot, columns from (c % per_slot) * kVec; then the shared expert's.
   const int per_slot = hidden / kVec, routed = k * per_slot, chunks = routed + shared_hidden / kVec;
   // act[at .. at + kVec) = scale · silu(gate half) · up half, for the row's chunk at column j.
   const auto activate = [&](const T* row, int half, int j, float scale, int at) {
@@ -81,15 +79,14 @@ __global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T*
     const uint4 uv = *reinterpret_cast<const uint4*>(row + half + j);
     const T* ge = reinterpret_cast<const T*>(&gv);
     const T* ue = reinterpret_cast<const T*>(&uv);
+    const auto one = [&](int e) {
+      if constexpr (kBf16)
+        return scale * __bfloat162float(__float2bfloat16(silu(load(ge + e)) * load(ue + e)));
+      else
+        return scale * silu(load(ge + e)) * load(ue + e);
+    };
 #pragma unroll
-    for (int e = 0; e < kVec; e += 4) {
-      float4 v;
-      v.x = scale * silu(load(ge + e)) * load(ue + e);
-      v.y = scale * silu(load(ge + e + 1)) * load(ue + e + 1);
-      v.z = scale * silu(load(ge + e + 2)) * load(ue + e + 2);
-      v.w = scale * silu(load(ge + e + 3)) * load(ue + e + 3);
-      act4[(at + e) / 4] = v;
-    }
+    for (int e = 0; e < kVec; e += 4) act4[(at + e) / 4] = make_float4(one(e), one(e + 1), one(e + 2), one(e + 3));
   };
 #pragma unroll 2
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
@@ -103,6 +100,23 @@ __global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T*
   }
   for (int s = threadIdx.x; s < k; s += blockDim.x) expert[s] = ids[t * k + s];
   __syncthreads();
+}
+
+template <class T>
+__global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T* __restrict__ w,
+                                               const int64_t* __restrict__ ids, const float* __restrict__ gates,
+                                               const T* __restrict__ h_shared, const T* __restrict__ w_shared,
+                                               T* __restrict__ y, int k, int out, int hidden, int shared_hidden) {
+  // 8 loads in flight per lane: a cmake specialist row is 18 chunks per lane, 3 rounds of memory latency instead of
+  // 5 (measured on an H200: 4.7 -> 4.2 us per call for hybrid-250m, 11.8 -> 11.6 for the cmake specialist).
+  constexpr int kVec = 16 / sizeof(T), kUnroll = 8;
+  extern __shared__ float4 act4[];  // [k * hidden + shared_hidden] floats, then k expert ids
+  float* act = reinterpret_cast<float*>(act4);
+  auto* expert = reinterpret_cast<int64_t*>(act + (k * hidden + shared_hidden + 1) / 2 * 2);
+  const int64_t t = blockIdx.y;
+  swiglu_prologue<false>(h, ids, gates, h_shared, t, k, hidden, shared_hidden, act4, expert);
+  // Chunk c < k * per_slot: slot c / per_slot, columns from (c % per_slot) * kVec; then the shared expert's.
+  const int per_slot = hidden / kVec, routed = k * per_slot, chunks = routed + shared_hidden / kVec;
   const int r = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32;
   if (r >= out) return;
   const int lane = threadIdx.x % 32;
@@ -135,6 +149,93 @@ __global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T*
         acc += load(we + e + 2) * a.z;
         acc += load(we + e + 3) * a.w;
       }
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  if (lane == 0) store(y + t * out + r, acc);
+}
+
+__device__ __forceinline__ float e4m3_value(uint32_t b) {
+  const uint32_t exp = (b >> 3) & 0xF, man = b & 0x7;
+  const float mag =
+      exp == 0 ? static_cast<float>(man) * 0.001953125f : __uint_as_float(((exp + 120u) << 23) | (man << 20));
+  return (b & 0x80) ? -mag : mag;
+}
+
+// The combine with NVFP4 down projections: the same prologue (activations rounded to BF16, the NVFP4 products'
+// input), then each warp's row of every selected expert's w2
+// (and the shared expert's) in chunks of 32 weights: 16 bytes of codes and the two block scales. A block's 16
+// products are summed before its scale and the matrix's tensor scale multiply them.
+template <class T>
+__global__ void gathered_swiglu_combine_nvfp4_kernel(const T* __restrict__ h, Nvfp4Matrices w,
+                                                     const int64_t* __restrict__ ids, const float* __restrict__ gates,
+                                                     const T* __restrict__ h_shared, Nvfp4Matrices ws,
+                                                     T* __restrict__ y, int k, int out, int hidden, int shared_hidden) {
+  constexpr int kWeights = 32, kUnroll = 4;
+  extern __shared__ float4 act4[];  // [k * hidden + shared_hidden] floats, then k expert ids
+  __shared__ float e2m1[16];
+  float* act = reinterpret_cast<float*>(act4);
+  auto* expert = reinterpret_cast<int64_t*>(act + (k * hidden + shared_hidden + 1) / 2 * 2);
+  if (threadIdx.x < 16) {
+    const float mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    e2m1[threadIdx.x] = threadIdx.x < 8 ? mag[threadIdx.x] : -mag[threadIdx.x - 8];
+  }
+  const int64_t t = blockIdx.y;
+  swiglu_prologue<true>(h, ids, gates, h_shared, t, k, hidden, shared_hidden, act4, expert);  // ends with a barrier
+  const int per_slot = hidden / kWeights, routed = k * per_slot, chunks = routed + shared_hidden / kWeights;
+  const int r = static_cast<int>(blockIdx.x) * kWarps + static_cast<int>(threadIdx.x) / 32;
+  if (r >= out) return;
+  const int lane = threadIdx.x % 32;
+  // Chunk c: its codes, scales, tensor scale and first activation.
+  struct Chunk {
+    uint4 codes;
+    uint32_t scales;
+    float s_dec;
+    int at;
+  };
+  const auto fetch = [&](int c, Chunk& q) {
+    const Nvfp4Matrices* m = &w;
+    int64_t row;
+    int j, in;
+    if (c < routed) {
+      const int s = c / per_slot;
+      j = (c % per_slot) * kWeights;
+      row = expert[s] * out + r;
+      in = hidden;
+      q.at = s * hidden + j;
+      q.s_dec = __ldg(w.tensor_scale + expert[s]);
+    } else {
+      m = &ws;
+      j = (c - routed) * kWeights;
+      row = r;
+      in = shared_hidden;
+      q.at = k * hidden + j;
+      q.s_dec = __ldg(ws.tensor_scale);
+    }
+    q.codes = *reinterpret_cast<const uint4*>(m->codes + row * (in / 2) + j / 2);
+    q.scales = *reinterpret_cast<const uint16_t*>(m->scales + row * (in / 16) + j / 16);
+  };
+  float acc = 0.0f;
+  for (int c0 = lane; c0 < chunks; c0 += 32 * kUnroll) {
+    Chunk q[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+      if (c0 + 32 * u < chunks) fetch(c0 + 32 * u, q[u]);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (c0 + 32 * u >= chunks) continue;
+      const uint32_t words[4] = {q[u].codes.x, q[u].codes.y, q[u].codes.z, q[u].codes.w};
+      float block[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int wi = 0; wi < 4; ++wi) {
+        const float4 a0 = act4[(q[u].at + wi * 8) / 4], a1 = act4[(q[u].at + wi * 8 + 4) / 4];
+        const float a[8] = {a0.x, a0.y, a0.z, a0.w, a1.x, a1.y, a1.z, a1.w};
+        float p = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) p += e2m1[(words[wi] >> (4 * i)) & 0xF] * a[i];
+        block[wi / 2] += p;
+      }
+      acc += q[u].s_dec * (e4m3_value(q[u].scales & 0xFF) * block[0] + e4m3_value(q[u].scales >> 8) * block[1]);
     }
   }
   for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -190,6 +291,34 @@ std::string gathered_swiglu_combine(DecodeDtype dtype, const void* h, const void
       return launch_combine<__half>(h, w, ids, gates, h_shared, w_shared, y, tokens, k, out, hidden, shared_hidden, s);
   }
   return "gathered swiglu combine kernel: unknown dtype";
+}
+
+std::string gathered_swiglu_combine_nvfp4(DecodeDtype dtype, const void* h, const Nvfp4Matrices& w, const int64_t* ids,
+                                          const float* gates, const void* h_shared, const Nvfp4Matrices& w_shared,
+                                          void* y, int64_t tokens, int64_t k, int64_t out, int64_t hidden,
+                                          int64_t shared_hidden, void* stream) {
+  if (tokens == 0 || out == 0) return "";
+  if (tokens > 65535 || k < 1 || hidden < 32 || hidden % 32 != 0 || shared_hidden < 0 || shared_hidden % 32 != 0 ||
+      combine_shared_bytes(k, hidden, shared_hidden) > kMaxCombineSharedBytes)
+    return "gathered swiglu combine kernel (NVFP4): bad token count, slots or hidden sizes";
+  const auto s = static_cast<cudaStream_t>(stream);
+  const dim3 grid(static_cast<unsigned>((out + kWarps - 1) / kWarps), static_cast<unsigned>(tokens));
+  const size_t smem = combine_shared_bytes(k, hidden, shared_hidden);
+  const auto run = [&](auto* tag) {
+    using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+    gathered_swiglu_combine_nvfp4_kernel<T><<<grid, kWarps * 32, smem, s>>>(
+        static_cast<const T*>(h), w, ids, gates, static_cast<const T*>(h_shared), w_shared, static_cast<T*>(y),
+        static_cast<int>(k), static_cast<int>(out), static_cast<int>(hidden), static_cast<int>(shared_hidden));
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? std::string()
+                            : std::string("gathered swiglu combine kernel (NVFP4): ") + cudaGetErrorString(e);
+  };
+  switch (dtype) {
+    case DecodeDtype::kFloat: return run(static_cast<float*>(nullptr));
+    case DecodeDtype::kBFloat16: return run(static_cast<__nv_bfloat16*>(nullptr));
+    case DecodeDtype::kHalf: return run(static_cast<__half*>(nullptr));
+  }
+  return "gathered swiglu combine kernel (NVFP4): unknown dtype";
 }
 
 std::string gathered_linear(DecodeDtype dtype, const void* x, const void* w, const int64_t* ids, void* y,

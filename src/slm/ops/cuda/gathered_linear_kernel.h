@@ -35,4 +35,21 @@ std::string gathered_swiglu_combine(DecodeDtype dtype, const void* h, const void
                                     int64_t tokens, int64_t k, int64_t out, int64_t hidden, int64_t shared_hidden,
                                     void* stream);
 
+// A stack of NVFP4 matrices [matrices, out, in] as quant/nvfp4.h lays them out: codes [matrices · out, in / 2]
+// (element 2i in the low nibble of byte i), E4M3 scales [matrices · out, in / 16], FP32 tensor_scale [matrices]; a
+// weight is e2m1(code) · e4m3(scale of its 16) · tensor_scale of its matrix.
+struct Nvfp4Matrices {
+  const uint8_t* codes = nullptr;
+  const uint8_t* scales = nullptr;
+  const float* tensor_scale = nullptr;
+};
+
+// gathered_swiglu_combine with NVFP4 down projections: w [experts, out, hidden] and w_shared [1, out, shared_hidden]
+// (unused when shared_hidden is 0), hidden and shared_hidden multiples of 32, codes 16-byte and scales 2-byte aligned.
+// h, h_shared and y as there.
+std::string gathered_swiglu_combine_nvfp4(DecodeDtype dtype, const void* h, const Nvfp4Matrices& w, const int64_t* ids,
+                                          const float* gates, const void* h_shared, const Nvfp4Matrices& w_shared,
+                                          void* y, int64_t tokens, int64_t k, int64_t out, int64_t hidden,
+                                          int64_t shared_hidden, void* stream);
+
 }  // namespace slm::ops::cuda
