@@ -11,10 +11,9 @@
 // previous one. Measured on an H200 the kernel is latency-bound (warps mostly wait on their loads), not
 // decode-bound: bench/RESULTS.md.
 //
-// Exactness: an E2M1 code s e1 e0 m placed as BF16 bits s<<15 | e1 e0 m << 6 is the E2M1 value times 2^-126
-// (subnormal codes included). Multiplying by the block scale times 2^118 (a BF16 from a 256-entry table) gives
-// value * scale * 2^-8 exactly: at most 6 significant bits, far inside BF16's range. The tensor cores multiply
-// BF16 pairs exactly and accumulate in FP32, like the reference up to the order of the additions.
+// Exactness (nvfp4_decode.cuh): the decoded weights times their block scale are exact BF16 values of value * scale *
+// 2^-8 (the scales from a 256-entry table here). The tensor cores multiply BF16 pairs exactly and accumulate in FP32,
+// like the reference up to the order of the additions.
 //
 // Order of k inside an mma: the k slots of a fragment may map to any physical k as long as A (weights) and B
 // (activations) agree. The decode pairs nibbles j and j + 4 of a 32-bit code word (cheapest to extract), so B pairs
@@ -26,36 +25,12 @@
 #include <string>
 #include <type_traits>
 
+#include "slm/quant/cuda/nvfp4_decode.cuh"
 #include "slm/quant/cuda/nvfp4_gemv.h"
 
 namespace slm::nvfp4::cuda {
 
 namespace {
-
-__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
-  const uint32_t exp = (b >> 3) & 0xF, man = b & 0x7;
-  const float mag =
-      exp == 0 ? static_cast<float>(man) * 0.001953125f : __uint_as_float(((exp + 120u) << 23) | (man << 20));
-  return (b & 0x80) ? -mag : mag;
-}
-
-// One 32-bit word of codes (nibbles n0..n7, n_i = element k0 + i) -> o[j] = BF16x2 (n_j, n_{j+4}) * 2^-126.
-// Per output: mask one nibble per 16-bit half, one multiply that places the sign at bit 15 and the magnitude at
-// bits 6..8 (two shifted copies whose bits never overlap, so the sum is an OR), one mask of the target bits.
-__device__ __forceinline__ void decode_word(uint32_t w, uint32_t (&o)[4]) {
-  constexpr uint32_t kKeep = 0x81C081C0u;  // sign bit and e1 e0 m of each BF16 half
-  const uint32_t w2 = w >> 8;
-  o[0] = ((w & 0x000F000Fu) * 4160u) & kKeep;  // << 12 (sign) + << 6 (magnitude)
-  o[1] = ((w & 0x00F000F0u) * 260u) & kKeep;   // << 8 + << 2
-  o[2] = ((w2 & 0x000F000Fu) * 4160u) & kKeep;
-  o[3] = ((w2 & 0x00F000F0u) * 260u) & kKeep;
-}
-
-__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
-  uint32_t d;
-  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-  return d;
-}
 
 __device__ __forceinline__ void mma_bf16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
                                          uint32_t b1) {
@@ -199,11 +174,7 @@ __global__ void __launch_bounds__(S * 32)
     asm volatile("griddepcontrol.launch_dependents;");
     asm volatile("griddepcontrol.wait;" ::: "memory");
   }
-  for (int i = threadIdx.x; i < 256; i += S * 32) {
-    const __nv_bfloat16 sc = __float2bfloat16_rn(e4m3_to_float(i) * 0x1p118f);
-    const uint32_t bits = __bfloat16_as_ushort(sc);
-    scale_lut[i] = bits | (bits << 16);
-  }
+  for (int i = threadIdx.x; i < 256; i += S * 32) scale_lut[i] = scale_bf16x2(i);
   if constexpr (XS) {
     for (int m = 0; m < M; ++m) {
       const uint4* xr = reinterpret_cast<const uint4*>(x_row(m));
