@@ -184,36 +184,46 @@ class BatchEngine final : public QueuedEngine {
     return k == static_cast<int64_t>(prompt.size()) ? best->logits : torch::Tensor();
   }
 
-  // Keeps q's state after its first q.prefilled prompt tokens (logits: what follows them): row `row` of `state`.
-  // A state that goes on (a prompt's own) has that row copied out; `shared`, when given, is `state` itself and stays
-  // as it is (a batch of first chunks), so the saved prefix holds it instead of a copy of its row.
-  void save_prefix(const Sequence& q, const model::DecodeState& state, int64_t row, const torch::Tensor& logits,
-                   std::shared_ptr<const model::DecodeState> shared = nullptr) {
-    const int64_t k = q.prefilled, budget = options_.prefix_cache_tokens;
-    if (k > budget) return;
+  // Whether q's state after its first q.prefilled prompt tokens should be saved: the cache is on, the prefix fits its
+  // budget and is not saved already (a saved one counts as used now).
+  bool prefix_wanted(const Sequence& q) {
+    const int64_t k = q.prefilled;
+    if (options_.prefix_cache_tokens <= 0 || k > options_.prefix_cache_tokens) return false;
     const auto& prompt = q.job->request.prompt;
     for (auto& s : saved_)
       if (static_cast<int64_t>(s.tokens.size()) == k && std::equal(s.tokens.begin(), s.tokens.end(), prompt.begin())) {
         s.used = ++clock_;
-        return;
+        return false;
       }
-    while (saved_tokens_ + k > budget) {
+    return true;
+  }
+
+  // Saves that state (prefix_wanted said so): row `row` of `state`, which stays as it is from now on, held by
+  // pointer (a batch of first chunks shares one); logits: what follows the prefix, a prefill's own output that nothing
+  // writes later. The least recently used prefixes make room.
+  void keep_prefix(const Sequence& q, std::shared_ptr<const model::DecodeState> state, int64_t row,
+                   const torch::Tensor& logits) {
+    const int64_t k = q.prefilled;
+    while (saved_tokens_ + k > options_.prefix_cache_tokens) {
       auto lru = std::min_element(saved_.begin(), saved_.end(),
                                   [](const SavedPrefix& a, const SavedPrefix& b) { return a.used < b.used; });
       saved_tokens_ -= static_cast<int64_t>(lru->tokens.size());
       saved_.erase(lru);
     }
-    if (!shared) {
-      auto own = std::make_shared<model::DecodeState>(model_.model->new_state(1, k));
-      own->copy_row(state, row, 0, k);
-      own->shift_length(k);
-      shared = std::move(own);
-      row = 0;
-    }
-    // The logits are a prefill's own output (nothing writes them later), held without a copy.
+    const auto& prompt = q.job->request.prompt;
     saved_.push_back(
-        {std::vector<int64_t>(prompt.begin(), prompt.begin() + k), std::move(shared), row, logits, ++clock_});
+        {std::vector<int64_t>(prompt.begin(), prompt.begin() + k), std::move(state), row, logits, ++clock_});
     saved_tokens_ += k;
+  }
+
+  // The same for a state that goes on (a prompt's own, one row): its first q.prefilled tokens copied out.
+  void save_prefix_copy(const Sequence& q, const model::DecodeState& state, const torch::Tensor& logits) {
+    if (!prefix_wanted(q)) return;
+    const int64_t k = q.prefilled;
+    auto own = std::make_shared<model::DecodeState>(model_.model->new_state(1, k));
+    own->copy_row(state, 0, 0, k);
+    own->shift_length(k);
+    keep_prefix(q, std::move(own), 0, logits);
   }
 
   // The next chunk of the oldest prompt; once it is all in, the first token and a row in the pool. A prompt starts
@@ -243,7 +253,7 @@ class BatchEngine final : public QueuedEngine {
                 .to(device_);
         logits = m.prefill_last(ids, *q.prompt_state);
         q.prefilled = end;
-        if (options_.prefix_cache_tokens > 0) save_prefix(q, *q.prompt_state, 0, logits);
+        save_prefix_copy(q, *q.prompt_state, logits);
       }
       if (q.prefilled < n) return;
       id =
@@ -301,7 +311,7 @@ class BatchEngine final : public QueuedEngine {
         Sequence& q = prefilling_[group[static_cast<size_t>(r)]];
         const auto n = static_cast<int64_t>(q.job->request.prompt.size());
         q.prefilled = chunk;
-        if (options_.prefix_cache_tokens > 0) save_prefix(q, *batch, r, logits.narrow(0, r, 1), batch);
+        if (prefix_wanted(q)) keep_prefix(q, batch, r, logits.narrow(0, r, 1));
         if (chunk < n) {
           q.prompt_state = m.new_state(1, n);
           q.prompt_state->copy_row(*batch, r, 0, chunk);

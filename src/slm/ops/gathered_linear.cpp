@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
 
+#include "slm/ops/aligned.h"
 #include "slm/ops/decode_dtype.h"
 #include "slm/ops/fused_kernels.h"
 #include "slm/util/error.h"
@@ -16,18 +17,6 @@
 #endif
 
 namespace slm::ops {
-
-#ifdef SLM_WITH_CUDA
-namespace {
-
-// x contiguous with its data 16-byte aligned (a copy when it is not).
-at::Tensor aligned(const at::Tensor& x) {
-  auto c = x.contiguous();
-  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 != 0 ? c.clone() : c;
-}
-
-}  // namespace
-#endif
 
 bool gathered_linear_fusable(const at::Tensor& x, const at::Tensor& w) {
 #ifdef SLM_WITH_CUDA
@@ -54,7 +43,7 @@ at::Tensor gathered_linear(const at::Tensor& x_in, const at::Tensor& w, const at
     throw Error("gathered_linear: ids must be [A] on x's device with A <= rows * x_div");
 #ifdef SLM_WITH_CUDA
   const c10::cuda::CUDAGuard guard(x_in.device());
-  const auto x = aligned(x_in);  // rows are whole 16-byte runs from here
+  const auto x = contiguous_aligned16(x_in);  // rows are whole 16-byte runs from here
   const auto ids = ids_in.defined() ? ids_in.to(at::kLong).contiguous() : at::Tensor();
   const int64_t a = ids.defined() ? ids.size(0) : x.size(0) * x_div, out = w.size(1), in = w.size(2);
   auto y = at::empty({a, out}, float_out ? x.options().dtype(at::kFloat) : x.options());
@@ -125,7 +114,8 @@ at::Tensor gathered_swiglu_combine(const at::Tensor& h_in, const at::Tensor& w, 
                 " and the shared rows do not describe the same tokens, slots and hidden size");
 #ifdef SLM_WITH_CUDA
   const c10::cuda::CUDAGuard guard(h_in.device());
-  const auto h = aligned(h_in), h_shared = h_shared_in.defined() ? aligned(h_shared_in) : at::Tensor();
+  const auto h = contiguous_aligned16(h_in),
+             h_shared = h_shared_in.defined() ? contiguous_aligned16(h_shared_in) : at::Tensor();
   const auto ids = ids_in.to(at::kLong).contiguous(), gates = gates_in.to(at::kFloat).contiguous();
   const int64_t out = w.size(1), hidden = w.size(2), shared_hidden = w_shared.defined() ? w_shared.size(1) : 0;
   auto y = at::empty({tokens, out}, h.options());
@@ -185,7 +175,7 @@ at::Tensor gathered_swiglu_combine_nvfp4(const at::Tensor& h_in, const Nvfp4Stac
                 shape_text(gates_in) + " and the shared rows do not describe the same tokens, slots and hidden size");
 #ifdef SLM_WITH_CUDA
   const c10::cuda::CUDAGuard guard(h_in.device());
-  const auto h = aligned(h_in), h_shared = shared ? aligned(h_shared_in) : at::Tensor();
+  const auto h = contiguous_aligned16(h_in), h_shared = shared ? contiguous_aligned16(h_shared_in) : at::Tensor();
   const auto ids = ids_in.to(at::kLong).contiguous(), gates = gates_in.to(at::kFloat).contiguous();
   const auto matrices = [](const Nvfp4Stack& s) {
     return s.matrices > 0 ? cuda::Nvfp4Matrices{s.codes.data_ptr<uint8_t>(), s.scales.data_ptr<uint8_t>(),

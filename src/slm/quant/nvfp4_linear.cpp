@@ -400,6 +400,7 @@ torch::Tensor linear(const torch::Tensor& x, const QTensor& w, torch::ScalarType
 }  // namespace slm::nvfp4
 
 #ifdef SLM_WITH_CUDA
+#include "slm/ops/aligned.h"
 #include "slm/quant/cuda/nvfp4_gemv.h"
 #if __has_include(<c10/cuda/CUDAStream.h>)
 #include <c10/cuda/CUDAStream.h>
@@ -423,8 +424,7 @@ namespace {
 torch::Tensor gemv_activations(const torch::Tensor& x_in, const QTensor& w) {
   torch::Tensor x = x_in.to(torch::kBFloat16);
   if (w.k_padded() != x.size(1)) x = torch::constant_pad_nd(x, {0, w.k_padded() - x.size(1)}, 0.0);
-  x = x.contiguous();
-  return reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 != 0 ? x.clone() : x;
+  return ops::contiguous_aligned16(x);
 }
 
 void* current_stream(const torch::Device& device) {
