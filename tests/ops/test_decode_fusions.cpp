@@ -20,6 +20,7 @@
 #include "slm/ops/rms_norm.h"
 #include "slm/ops/rotary_norm.h"
 #include "slm/quant/nvfp4.h"
+#include "slm/quant/nvfp4_linear.h"
 #include "test_util.h"
 
 using namespace slm;
@@ -258,6 +259,24 @@ TEST(DecodeFusionsCuda, GatheredLinearEqualsEachAssignmentsMatrix) {
   EXPECT_GT(scale, 0.0);
 }
 
+namespace {
+// An MoE layer on the GPU in eval mode (d_model 64, 16 experts, top-4, random weights) for one decode step's tokens.
+model::MoE decode_moe(int64_t shared_experts, int64_t expert_hidden, int64_t shared_hidden, torch::ScalarType dt) {
+  auto j = nlohmann::json::parse(R"({
+    "name": "e", "vocab_size": 16, "d_model": 64, "depth": 1, "pattern": "E", "seq_len": 32,
+    "moe": {"routed_experts": 16, "experts_per_token": 4, "routed_scaling_factor": 2.5}
+  })");
+  j["moe"]["shared_experts"] = shared_experts;
+  j["moe"]["expert_hidden"] = expert_hidden;
+  j["moe"]["shared_expert_hidden"] = shared_hidden;
+  model::MoE m(parse(j), torch::TensorOptions().device(torch::kCUDA).dtype(dt));
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->parameters()) p.normal_(0.0, 0.2);
+  m->eval();
+  return m;
+}
+}  // namespace
+
 // The MoE's down projection in one kernel (SwiGLU of each assignment's hidden row, its expert's w2, the gate-weighted
 // sum over the slots, the shared expert) equals the float64 sum written out; through the MoE layer, a decode step's
 // tokens get what the tensor ops give (ops::set_fused_kernels(false)), with and without a shared expert.
@@ -303,15 +322,7 @@ TEST(DecodeFusionsCuda, SwigluCombineEqualsTheFloat64Experts) {
 
   for (const int64_t shared_experts : {1, 0}) {
     for (auto dt : {torch::kFloat, torch::kBFloat16}) {
-      auto j = nlohmann::json::parse(R"({
-        "name": "e", "vocab_size": 16, "d_model": 64, "depth": 1, "pattern": "E", "seq_len": 32,
-        "moe": {"routed_experts": 16, "experts_per_token": 4, "expert_hidden": 48, "shared_expert_hidden": 40,
-                "routed_scaling_factor": 2.5}
-      })");
-      j["moe"]["shared_experts"] = shared_experts;
-      model::MoE m(parse(j), torch::TensorOptions().device(torch::kCUDA).dtype(dt));
-      for (auto& p : m->parameters()) p.normal_(0.0, 0.2);
-      m->eval();
+      auto m = decode_moe(shared_experts, 48, 40, dt);
       const auto h = torch::randn({1, 2, 64}).cuda().to(dt);  // two tokens, 8 assignments: the decode path
       // The layer takes the combine kernel here (else both sides below would be the tensor ops).
       ASSERT_TRUE(ops::gathered_swiglu_combine_fusable(h.view({2, 64}), m->experts->w2, 4,
@@ -327,12 +338,6 @@ TEST(DecodeFusionsCuda, SwigluCombineEqualsTheFloat64Experts) {
     }
   }
 }
-
-namespace {
-ops::Nvfp4Stack stack_of(const nvfp4::QTensor& q) {
-  return {q.codes, q.scales, q.tensor_scale, q.matrices(), q.shape.at(q.shape.size() - 2), q.k()};
-}
-}  // namespace
 
 // The combine with NVFP4 down projections (routed experts and the shared one): equal to float64 sums over the
 // dequantized matrices (quant's own decode, tested against its definition in test_nvfp4*) of the activations rounded
@@ -354,10 +359,10 @@ TEST(DecodeFusionsCuda, SwigluCombineNvfp4EqualsTheFloat64Experts) {
       const auto qc = q.to(torch::kCUDA), qsc = qs.to(torch::kCUDA);
       const auto ids = torch::tensor({6L, 0L, 2L, 2L, 5L, 1L, 0L, 3L, 6L}).cuda();
       const auto gates = torch::rand({tokens, k}).cuda();
-      const auto w_shared = with_shared ? stack_of(qsc) : ops::Nvfp4Stack{};
-      ASSERT_TRUE(ops::gathered_swiglu_combine_nvfp4_fusable(h, stack_of(qc), k, w_shared));
-      const auto y =
-          ops::gathered_swiglu_combine_nvfp4(h, stack_of(qc), ids, gates, with_shared ? hs : torch::Tensor(), w_shared);
+      const auto w_shared = with_shared ? nvfp4::as_stack(qsc) : ops::Nvfp4Stack{};
+      ASSERT_TRUE(ops::gathered_swiglu_combine_nvfp4_fusable(h, nvfp4::as_stack(qc), k, w_shared));
+      const auto y = ops::gathered_swiglu_combine_nvfp4(h, nvfp4::as_stack(qc), ids, gates,
+                                                        with_shared ? hs : torch::Tensor(), w_shared);
       ASSERT_EQ(y.sizes(), (torch::IntArrayRef{tokens, out}));
       const auto hd = h.cpu().to(torch::kDouble), gd = gates.cpu().to(torch::kDouble),
                  hsd = hs.cpu().to(torch::kDouble);
@@ -383,15 +388,7 @@ TEST(DecodeFusionsCuda, SwigluCombineNvfp4EqualsTheFloat64Experts) {
   }
 
   for (const int64_t shared_experts : {1, 0}) {
-    auto j = nlohmann::json::parse(R"({
-      "name": "e", "vocab_size": 16, "d_model": 64, "depth": 1, "pattern": "E", "seq_len": 32,
-      "moe": {"routed_experts": 16, "experts_per_token": 4, "expert_hidden": 64, "shared_expert_hidden": 96,
-              "routed_scaling_factor": 2.5}
-    })");
-    j["moe"]["shared_experts"] = shared_experts;
-    model::MoE m(parse(j), torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16));
-    for (auto& p : m->parameters()) p.normal_(0.0, 0.2);
-    m->eval();
+    auto m = decode_moe(shared_experts, 64, 96, torch::kBFloat16);
     m->experts->use_nvfp4("w13", nvfp4::quantize(m->experts->w13.cpu().to(torch::kFloat)), "w13");
     m->experts->use_nvfp4("w2", nvfp4::quantize(m->experts->w2.cpu().to(torch::kFloat)), "w2");
     if (shared_experts) {
@@ -400,8 +397,8 @@ TEST(DecodeFusionsCuda, SwigluCombineNvfp4EqualsTheFloat64Experts) {
     }
     const auto h = torch::randn({1, 2, 64}).cuda().to(torch::kBFloat16);  // two tokens, 8 assignments
     ASSERT_TRUE(ops::gathered_swiglu_combine_nvfp4_fusable(
-        h, stack_of(*m->experts->q2_stacked), 4,
-        shared_experts ? stack_of(*m->shared->w2->qweight) : ops::Nvfp4Stack{}));
+        h, nvfp4::as_stack(*m->experts->q2_stacked), 4,
+        shared_experts ? nvfp4::as_stack(*m->shared->w2->qweight) : ops::Nvfp4Stack{}));
     const auto fused = m->forward(h).to(torch::kFloat);
     ops::set_fused_kernels(false);
     const auto unfused = m->forward(h).to(torch::kFloat);

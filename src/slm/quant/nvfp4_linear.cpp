@@ -383,6 +383,11 @@ torch::Tensor linear_cpu(const torch::Tensor& x_in, const QTensor& w) {
   return y;
 }
 
+ops::Nvfp4Stack as_stack(const QTensor& w) {
+  if (w.shape.size() < 2) throw Error("nvfp4 as_stack: the weight must be a matrix or a stack of them");
+  return {w.codes, w.scales, w.tensor_scale, w.matrices(), w.shape[w.shape.size() - 2], w.k()};
+}
+
 torch::Tensor linear(const torch::Tensor& x, const QTensor& w, torch::ScalarType out) {
   if (!x.defined() || x.dim() < 1) throw Error("nvfp4 linear: x must have at least one dimension");
   if (!x.is_floating_point()) throw Error("nvfp4 linear: x must be a floating tensor");

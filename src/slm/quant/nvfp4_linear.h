@@ -9,6 +9,7 @@
 // by the GEMV itself, rounded as a cast of its FP32 result would be, so a decode step runs no cast kernel after it.
 #include <torch/torch.h>
 
+#include "slm/ops/gathered_linear.h"
 #include "slm/quant/nvfp4.h"
 
 namespace slm::nvfp4 {
@@ -26,6 +27,9 @@ torch::Tensor gathered_linear_cuda(const torch::Tensor& x, const QTensor& w, con
 // assignment. y is still [A, N] in assignment order.
 torch::Tensor grouped_linear_cuda(const torch::Tensor& x, const QTensor& w, const torch::Tensor& order,
                                   const torch::Tensor& ends, int64_t x_div, torch::ScalarType out = torch::kFloat);
+
+// w's matrices as the fused MoE kernels take them (ops::Nvfp4Stack: its buffers, no copy); a 2-D w is one matrix.
+ops::Nvfp4Stack as_stack(const QTensor& w);
 
 // The kernels behind linear(), exposed for tests and benchmarks. x2: [M, K] on the kernel's device.
 torch::Tensor linear_cpu(const torch::Tensor& x2, const QTensor& w);

@@ -451,10 +451,6 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& h) {
 }
 
 namespace {
-ops::Nvfp4Stack nvfp4_stack(const nvfp4::QTensor& q) {
-  return {q.codes, q.scales, q.tensor_scale, q.matrices(), q.shape.at(q.shape.size() - 2), q.k()};
-}
-
 // fused_decode_experts for NVFP4 experts (both projections, and the shared expert's, in NVFP4): the routed up
 // projections gathered by id, the shared one, and the combine with NVFP4 down projections. {} where it does not apply.
 torch::Tensor fused_nvfp4_decode_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& e,
@@ -462,8 +458,8 @@ torch::Tensor fused_nvfp4_decode_experts(const torch::Tensor& u, const Routing& 
   const int64_t k = routing.experts.size(1);
   if (!e.q13_stacked || !e.q2_stacked || !u.is_cuda() || u.size(0) * k > kMaxGatheredAssignments) return {};
   if (shared && !(shared->w13->qweight && shared->w2->qweight)) return {};
-  const auto w2 = nvfp4_stack(*e.q2_stacked);
-  const auto w_shared = shared ? nvfp4_stack(*shared->w2->qweight) : ops::Nvfp4Stack{};
+  const auto w2 = nvfp4::as_stack(*e.q2_stacked);
+  const auto w_shared = shared ? nvfp4::as_stack(*shared->w2->qweight) : ops::Nvfp4Stack{};
   if (!ops::gathered_swiglu_combine_nvfp4_fusable(u, w2, k, w_shared)) return {};
   const auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
   return ops::gathered_swiglu_combine_nvfp4(nvfp4::gathered_linear_cuda(u, *e.q13_stacked, ids, k, u.scalar_type()), w2,
