@@ -21,9 +21,11 @@
 // Backward: the chunks in reverse from the saved chunk states and phases, dH in registers (and shared memory, for the
 // products that sum over rows), the exact gradients of the expressions above, the rotation undone per pair. All FP32.
 #include <cuda_runtime.h>
+#include <mma.h>
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "slm/ops/cuda/mamba3_scan_kernels.h"
 
@@ -191,43 +193,103 @@ __device__ __forceinline__ float dot4(float4 a, float4 b) {
   return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
 }
 
+// The chunk's P×N, Q×P and Q×N products run on the tensor cores in 16×16 tiles (WMMA, k 8) with 3xTF32 operands:
+// each FP32 operand is split into hi = tf32(v) and lo = tf32(v - hi), and hi·hi + hi·lo + lo·hi keeps the products
+// within a few FP32 roundings (the lo·lo term is below FP32's own rounding), so the kernels stay as exact as their
+// FP32 reference while the work moves off the shared-memory-bound FMA loops.
+namespace wmma = nvcuda::wmma;
+using AccFrag = wmma::fragment<wmma::accumulator, 16, 16, 8, float>;
+
+template <typename Frag>
+__device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
+#pragma unroll
+  for (int i = 0; i < hi.num_elements; ++i) {
+    const float v = hi.x[i], h = wmma::__float_to_tf32(v);
+    hi.x[i] = h;
+    lo.x[i] = wmma::__float_to_tf32(v - h);
+  }
+}
+
+// acc += A B for one 16×16 tile over k (a multiple of 8). A (16×k) and B (k×16) are in shared memory, row- or
+// column-major (LA, LB) with leading dimensions lda, ldb; a and b point at their (0, 0) elements, 32-byte aligned.
+template <typename LA, typename LB>
+__device__ __forceinline__ void mma_tile(AccFrag& acc, const float* a, unsigned lda, const float* b, unsigned ldb,
+                                         int k) {
+  constexpr bool a_row = std::is_same_v<LA, wmma::row_major>, b_row = std::is_same_v<LB, wmma::row_major>;
+  for (int kk = 0; kk < k; kk += 8) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> ah, al;
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> bh, bl;
+    wmma::load_matrix_sync(ah, a + (a_row ? kk : kk * lda), lda);
+    wmma::load_matrix_sync(bh, b + (b_row ? kk * ldb : kk), ldb);
+    split_tf32(ah, al);
+    split_tf32(bh, bl);
+    wmma::mma_sync(acc, al, bh, acc);
+    wmma::mma_sync(acc, ah, bl, acc);
+    wmma::mma_sync(acc, ah, bh, acc);
+  }
+}
+
+// The P×N state (H forward, dH backward) lives in accumulator tiles spread over the warps: warp w holds tiles
+// w, w + 8, ... of the (P / 16) × (N / 16) grid, row-major.
 template <int P, int N>
-__global__ void __launch_bounds__(kThreads) forward_kernel(Dims d, Mamba3ScanInputs in, const float* h0, float* y,
+struct StateTiles {
+  static constexpr int NT = N / 16, count = (P / 16) * NT, per_warp = (count + kWarps - 1) / kWarps;
+  __device__ static bool held(int warp, int j) { return warp + kWarps * j < count; }
+  __device__ static int row(int warp, int j) { return (warp + kWarps * j) / NT * 16; }
+  __device__ static int col(int warp, int j) { return (warp + kWarps * j) % NT * 16; }
+};
+
+template <int P, int N>
+__device__ __forceinline__ void scale_tiles(AccFrag (&f)[StateTiles<P, N>::per_warp], float e) {
+#pragma unroll
+  for (int j = 0; j < StateTiles<P, N>::per_warp; ++j)
+#pragma unroll
+    for (int i = 0; i < f[j].num_elements; ++i) f[j].x[i] *= e;
+}
+
+template <int P, int N>
+__global__ void __launch_bounds__(kThreads, 2) forward_kernel(Dims d, Mamba3ScanInputs in, const float* h0, float* y,
                                                            float* h_last, float* final_angle, Mamba3Checkpoints cps) {
   using L = Layout<P, N>;
-  extern __shared__ float4 smem4[];
+  using ST = StateTiles<P, N>;
+  extern __shared__ __align__(128) float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
   float* ks = qs + kQ * L::NS;
   float* vs = ks + kQ * L::NS;
   float* as = vs + kQ * L::PS;  // [kQ][kQS] L ∘ (q kᵀ)
   float* ph = as + kQ * kQS;    // [kQ][HS] the tokens' phases
+  float* hs = ph + kQ * L::HS;  // [P][NS] the state entering the chunk
+  float* ys = hs + P * L::NS;   // [kQ][PS] q Hᵀ, then the weighted values w_s v_s
   __shared__ ChunkScalars cs;
   __shared__ float carry[N / 2];
-  const int bh = blockIdx.x, b = bh / d.H, h = bh % d.H, tid = threadIdx.x, p = tid / L::SL, sl = tid % L::SL;
+  const int bh = blockIdx.x, b = bh / d.H, h = bh % d.H, tid = threadIdx.x, warp = tid / 32;
   const float dh = in.d[h];
-  float st[L::CW];
-  const int64_t row = static_cast<int64_t>(bh) * P * N + static_cast<int64_t>(p) * N;
+  const int64_t head = static_cast<int64_t>(bh) * P * N;
+  AccFrag st[ST::per_warp];
 #pragma unroll
-  for (int jj = 0; jj < L::G4; ++jj) {
-    const float4 v = h0 ? *reinterpret_cast<const float4*>(h0 + row + L::col(jj, sl)) : make_float4(0, 0, 0, 0);
-    st[4 * jj] = v.x, st[4 * jj + 1] = v.y, st[4 * jj + 2] = v.z, st[4 * jj + 3] = v.w;
+  for (int j = 0; j < ST::per_warp; ++j) {
+    wmma::fill_fragment(st[j], 0.f);
+    if (h0 && ST::held(warp, j))
+      wmma::load_matrix_sync(st[j], h0 + head + ST::row(warp, j) * N + ST::col(warp, j), N, wmma::mem_row_major);
   }
   if (tid < d.S) carry[tid] = in.angle0[static_cast<int64_t>(bh) * d.S + tid];
   __syncthreads();
   for (int c = 0; c < d.nc; ++c) {
     const int t0 = c * kQ;
-    if (cps.state) {
-      float* dst = cps.state + (static_cast<int64_t>(bh) * d.nc + c) * P * N + static_cast<int64_t>(p) * N;
 #pragma unroll
-      for (int jj = 0; jj < L::G4; ++jj)
-        *reinterpret_cast<float4*>(dst + L::col(jj, sl)) =
-            make_float4(st[4 * jj], st[4 * jj + 1], st[4 * jj + 2], st[4 * jj + 3]);
-    }
+    for (int j = 0; j < ST::per_warp; ++j)
+      if (ST::held(warp, j))
+        wmma::store_matrix_sync(hs + ST::row(warp, j) * L::NS + ST::col(warp, j), st[j], L::NS, wmma::mem_row_major);
     chunk_phase<L::HS>(ph, carry, cps.phase ? cps.phase + (static_cast<int64_t>(bh) * d.nc + c) * d.S : nullptr, in, d,
                        b, h, t0, tid);
     if (tid < 32) chunk_scalars(cs, in, d, b, h, t0, tid);
     __syncthreads();
     load_chunk<P, N>(qs, ks, vs, ph, in, d, b, h, t0, tid);
+    if (cps.state) {
+      float4* dst = reinterpret_cast<float4*>(cps.state + (static_cast<int64_t>(bh) * d.nc + c) * P * N);
+      for (int idx = tid; idx < P * N / 4; idx += kThreads)
+        dst[idx] = *reinterpret_cast<const float4*>(hs + idx / (N / 4) * L::NS + 4 * (idx % (N / 4)));
+    }
     __syncthreads();
     {
       const int t = tid / 8, sb = tid % 8;
@@ -244,41 +306,38 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(Dims d, Mamba3ScanInp
         as[t * kQS + s] = v;
       }
     }
+    if (constexpr int tiles = (kQ / 16) * (P / 16); warp < tiles) {  // q Hᵀ, [kQ][P]
+      const int r = warp / (P / 16) * 16, col = warp % (P / 16) * 16;
+      AccFrag acc;
+      wmma::fill_fragment(acc, 0.f);
+      mma_tile<wmma::row_major, wmma::col_major>(acc, qs + r * L::NS, L::NS, hs + col * L::NS, L::NS, N);
+      wmma::store_matrix_sync(ys + r * L::PS + col, acc, L::PS, wmma::mem_row_major);
+    }
     __syncthreads();
-    for (int t = 0; t < kQ; ++t) {
-      float acc = 0.f;
-#pragma unroll
-      for (int jj = 0; jj < L::G4; ++jj) {
-        const float4 qv = *reinterpret_cast<const float4*>(qs + t * L::NS + L::col(jj, sl));
-        acc += st[4 * jj] * qv.x + st[4 * jj + 1] * qv.y + st[4 * jj + 2] * qv.z + st[4 * jj + 3] * qv.w;
-      }
-      acc *= cs.ein[t];
-      for (int s = sl; s <= t; s += L::SL) acc += as[t * kQS + s] * vs[s * L::PS + p];
-#pragma unroll
-      for (int o = L::SL / 2; o >= 1; o >>= 1) acc += __shfl_xor_sync(kFullMask, acc, o);
-      if (sl == t % L::SL && t0 + t < d.T)
-        y[((static_cast<int64_t>(b) * d.T + t0 + t) * d.H + h) * P + p] = acc + dh * vs[t * L::PS + p];
+    for (int idx = tid; idx < kQ * P; idx += kThreads) {
+      const int t = idx / P, p = idx % P;
+      float acc = cs.ein[t] * ys[t * L::PS + p];
+      for (int s = 0; s <= t; ++s) acc += as[t * kQS + s] * vs[s * L::PS + p];
+      if (t0 + t < d.T) y[((static_cast<int64_t>(b) * d.T + t0 + t) * d.H + h) * P + p] = acc + dh * vs[t * L::PS + p];
+      ys[t * L::PS + p] = cs.wend[t] * vs[t * L::PS + p];  // only this thread read ys[t][p]
     }
-    const float E = cs.E;
+    __syncthreads();
+    // H ← E H + Σ_s (w_s v_s) k_sᵀ
+    scale_tiles<P, N>(st, cs.E);
 #pragma unroll
-    for (int i = 0; i < L::CW; ++i) st[i] *= E;
-    for (int s = 0; s < kQ; ++s) {
-      const float coef = cs.wend[s] * vs[s * L::PS + p];
-#pragma unroll
-      for (int jj = 0; jj < L::G4; ++jj) {
-        const float4 kv = *reinterpret_cast<const float4*>(ks + s * L::NS + L::col(jj, sl));
-        st[4 * jj] += coef * kv.x, st[4 * jj + 1] += coef * kv.y, st[4 * jj + 2] += coef * kv.z,
-            st[4 * jj + 3] += coef * kv.w;
-      }
-    }
+    for (int j = 0; j < ST::per_warp; ++j)
+      if (ST::held(warp, j))
+        mma_tile<wmma::col_major, wmma::row_major>(st[j], ys + ST::row(warp, j), L::PS, ks + ST::col(warp, j), L::NS,
+                                                   kQ);
     __syncthreads();  // the next chunk's loads overwrite what this one read
   }
   if (tid < d.S) final_angle[static_cast<int64_t>(bh) * d.S + tid] = carry[tid];
   if (h_last) {
 #pragma unroll
-    for (int jj = 0; jj < L::G4; ++jj)
-      *reinterpret_cast<float4*>(h_last + row + L::col(jj, sl)) =
-          make_float4(st[4 * jj], st[4 * jj + 1], st[4 * jj + 2], st[4 * jj + 3]);
+    for (int j = 0; j < ST::per_warp; ++j)
+      if (ST::held(warp, j))
+        wmma::store_matrix_sync(h_last + head + ST::row(warp, j) * N + ST::col(warp, j), st[j], N,
+                                wmma::mem_row_major);
   }
 }
 
@@ -287,7 +346,8 @@ __global__ void __launch_bounds__(kThreads)
     backward_kernel(Dims d, Mamba3ScanInputs in, Mamba3Checkpoints cps, const float* dy, const float* dh_last,
                     const float* dfinal_angle, Mamba3ScanGrads gr) {
   using L = Layout<P, N>;
-  extern __shared__ float4 smem4[];
+  using ST = StateTiles<P, N>;
+  extern __shared__ __align__(128) float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
   float* ks = qs + kQ * L::NS;
   float* hc = ks + kQ * L::NS;  // [P][NS] the state entering the chunk
@@ -300,28 +360,30 @@ __global__ void __launch_bounds__(kThreads)
   float* ph = lc + kQ * kQS;      // [kQ][HS] the tokens' phases
   float* dph = ph + kQ * L::HS;   // [kQ][HS] their gradients
   float* gks = dph + kQ * L::HS;  // [kQ][PS] (dH k_s)[p]
+  float* us = gks + kQ * L::PS;   // [kQ][NS] dy_t H_c
+  float* zs = us + kQ * L::NS;    // [kQ][NS] v_t dH
   __shared__ ChunkScalars cs;
   __shared__ float de[kQ], dw[kQ], dew[kWarps], ddw[kWarps];
   __shared__ float carry[N / 2], dcarry[N / 2];  // the phase entering the chunk; dφ reaching back past it
   const int bh = blockIdx.x, b = bh / d.H, h = bh % d.H, tid = threadIdx.x, p = tid / L::SL, sl = tid % L::SL;
   const int lane = tid % 32, warp = tid / 32;
   const float dh = in.d[h];
-  float g[L::CW];
-  const int64_t row = static_cast<int64_t>(bh) * P * N + static_cast<int64_t>(p) * N;
+  const int64_t head = static_cast<int64_t>(bh) * P * N;
+  AccFrag g[ST::per_warp];  // dH, the gradient of the state leaving the chunk
 #pragma unroll
-  for (int jj = 0; jj < L::G4; ++jj) {
-    const float4 v =
-        dh_last ? *reinterpret_cast<const float4*>(dh_last + row + L::col(jj, sl)) : make_float4(0, 0, 0, 0);
-    g[4 * jj] = v.x, g[4 * jj + 1] = v.y, g[4 * jj + 2] = v.z, g[4 * jj + 3] = v.w;
+  for (int j = 0; j < ST::per_warp; ++j) {
+    wmma::fill_fragment(g[j], 0.f);
+    if (dh_last && ST::held(warp, j))
+      wmma::load_matrix_sync(g[j], dh_last + head + ST::row(warp, j) * N + ST::col(warp, j), N, wmma::mem_row_major);
   }
   float dd_acc = 0.f;
   if (tid < d.S) dcarry[tid] = 0.f;
   for (int c = d.nc - 1; c >= 0; --c) {
     const int t0 = c * kQ;
 #pragma unroll
-    for (int jj = 0; jj < L::G4; ++jj)
-      *reinterpret_cast<float4*>(gs + p * L::NS + L::col(jj, sl)) =
-          make_float4(g[4 * jj], g[4 * jj + 1], g[4 * jj + 2], g[4 * jj + 3]);
+    for (int j = 0; j < ST::per_warp; ++j)
+      if (ST::held(warp, j))
+        wmma::store_matrix_sync(gs + ST::row(warp, j) * L::NS + ST::col(warp, j), g[j], L::NS, wmma::mem_row_major);
     if (tid < d.S) carry[tid] = cps.phase[(static_cast<int64_t>(bh) * d.nc + c) * d.S + tid];
     __syncthreads();
     chunk_phase<L::HS>(ph, carry, nullptr, in, d, b, h, t0, tid);
@@ -361,22 +423,29 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
       for (int jj = 0; jj < L::G4; ++jj) {
         const float4 hv = *reinterpret_cast<const float4*>(hc + p * L::NS + L::col(jj, sl));
-        e_part += g[4 * jj] * hv.x + g[4 * jj + 1] * hv.y + g[4 * jj + 2] * hv.z + g[4 * jj + 3] * hv.w;
+        const float4 gv = *reinterpret_cast<const float4*>(gs + p * L::NS + L::col(jj, sl));
+        e_part += dot4(gv, hv);
       }
 #pragma unroll
       for (int o = 16; o >= 1; o >>= 1) e_part += __shfl_xor_sync(kFullMask, e_part, o);
       if (lane == 0) dew[warp] = e_part;
-      // dH k_s for every token from the registers: each key read serves a thread's whole slice of row p.
-      for (int s = 0; s < kQ; ++s) {
-        float gk = 0.f;
-#pragma unroll
-        for (int jj = 0; jj < L::G4; ++jj) {
-          const float4 kv = *reinterpret_cast<const float4*>(ks + s * L::NS + L::col(jj, sl));
-          gk += g[4 * jj] * kv.x + g[4 * jj + 1] * kv.y + g[4 * jj + 2] * kv.z + g[4 * jj + 3] * kv.w;
+    }
+    // On the tensor cores: gks = K dHᵀ [kQ][P], us = dY H_c and zs = V dH [kQ][N].
+    {
+      constexpr int pt = P / 16, nt = N / 16, tiles = 2 * pt + 4 * nt;
+      for (int i = warp; i < tiles; i += kWarps) {
+        AccFrag acc;
+        wmma::fill_fragment(acc, 0.f);
+        if (i < 2 * pt) {
+          const int r = i / pt * 16, col = i % pt * 16;
+          mma_tile<wmma::row_major, wmma::col_major>(acc, ks + r * L::NS, L::NS, gs + col * L::NS, L::NS, N);
+          wmma::store_matrix_sync(gks + r * L::PS + col, acc, L::PS, wmma::mem_row_major);
+        } else {
+          const int k = i - 2 * pt, second = k >= 2 * nt, kk = k % (2 * nt), r = kk / nt * 16, col = kk % nt * 16;
+          mma_tile<wmma::row_major, wmma::row_major>(acc, (second ? vs : dys) + r * L::PS, L::PS,
+                                                     (second ? gs : hc) + col, L::NS, P);
+          wmma::store_matrix_sync((second ? zs : us) + r * L::NS + col, acc, L::NS, wmma::mem_row_major);
         }
-#pragma unroll
-        for (int o = L::SL / 2; o >= 1; o >>= 1) gk += __shfl_xor_sync(kFullMask, gk, o);
-        if (sl == s % L::SL) gks[s * L::PS + p] = gk;
       }
     }
     __syncthreads();
@@ -403,16 +472,12 @@ __global__ void __launch_bounds__(kThreads)
               dk[4 * jj + 3] += coef * qv.w;
         }
       }
-      for (int pp = 0; pp < P; ++pp) {
-        const float dyv = dys[t * L::PS + pp], vv = vs[t * L::PS + pp];
 #pragma unroll
-        for (int jj = 0; jj < L::NG; ++jj) {
-          const float4 hv = *reinterpret_cast<const float4*>(hc + pp * L::NS + L::tcol(jj, ng));
-          const float4 gv = *reinterpret_cast<const float4*>(gs + pp * L::NS + L::tcol(jj, ng));
-          u[4 * jj] += dyv * hv.x, u[4 * jj + 1] += dyv * hv.y, u[4 * jj + 2] += dyv * hv.z,
-              u[4 * jj + 3] += dyv * hv.w;
-          z[4 * jj] += vv * gv.x, z[4 * jj + 1] += vv * gv.y, z[4 * jj + 2] += vv * gv.z, z[4 * jj + 3] += vv * gv.w;
-        }
+      for (int jj = 0; jj < L::NG; ++jj) {
+        const float4 uv = *reinterpret_cast<const float4*>(us + t * L::NS + L::tcol(jj, ng));
+        const float4 zv = *reinterpret_cast<const float4*>(zs + t * L::NS + L::tcol(jj, ng));
+        u[4 * jj] = uv.x, u[4 * jj + 1] = uv.y, u[4 * jj + 2] = uv.z, u[4 * jj + 3] = uv.w;
+        z[4 * jj] = zv.x, z[4 * jj + 1] = zv.y, z[4 * jj + 2] = zv.z, z[4 * jj + 3] = zv.w;
       }
       float de_part = 0.f, dw_part = 0.f;
       const float ein = cs.ein[t], wend = cs.wend[t];
@@ -476,6 +541,8 @@ __global__ void __launch_bounds__(kThreads)
         dd_acc += dyv * vs[s * L::PS + pp];
       }
     }
+    __syncthreads();
+    for (int idx = tid; idx < kQ * P; idx += kThreads) dys[idx / P * L::PS + idx % P] *= cs.ein[idx / P];
     __syncthreads();
 
     // The chunk's scalar gradients (warp 0, lane = token), while every thread carries dH into the previous chunk.
@@ -541,26 +608,22 @@ __global__ void __launch_bounds__(kThreads)
       }
       if (valid && ddt != 0.f) atomicAdd(gr.ddt + (static_cast<int64_t>(b) * d.T + tok) * d.H + h, ddt);
     }
-    const float E = cs.E;
+    // dH ← E dH + Σ_t (e_t dy_t) q_tᵀ: the gradient of the state entering the chunk.
+    scale_tiles<P, N>(g, cs.E);
 #pragma unroll
-    for (int i = 0; i < L::CW; ++i) g[i] *= E;
-    for (int t = 0; t < kQ; ++t) {
-      const float coef = cs.ein[t] * dys[t * L::PS + p];
-#pragma unroll
-      for (int jj = 0; jj < L::G4; ++jj) {
-        const float4 qv = *reinterpret_cast<const float4*>(qs + t * L::NS + L::col(jj, sl));
-        g[4 * jj] += coef * qv.x, g[4 * jj + 1] += coef * qv.y, g[4 * jj + 2] += coef * qv.z,
-            g[4 * jj + 3] += coef * qv.w;
-      }
-    }
+    for (int j = 0; j < ST::per_warp; ++j)
+      if (ST::held(warp, j))
+        mma_tile<wmma::col_major, wmma::row_major>(g[j], dys + ST::row(warp, j), L::PS, qs + ST::col(warp, j), L::NS,
+                                                   kQ);
     __syncthreads();
   }
   if (tid < d.S) gr.dangle0[static_cast<int64_t>(bh) * d.S + tid] = dcarry[tid];
   if (gr.dh0) {
 #pragma unroll
-    for (int jj = 0; jj < L::G4; ++jj)
-      *reinterpret_cast<float4*>(gr.dh0 + row + L::col(jj, sl)) =
-          make_float4(g[4 * jj], g[4 * jj + 1], g[4 * jj + 2], g[4 * jj + 3]);
+    for (int j = 0; j < ST::per_warp; ++j)
+      if (ST::held(warp, j))
+        wmma::store_matrix_sync(gr.dh0 + head + ST::row(warp, j) * N + ST::col(warp, j), g[j], N,
+                                wmma::mem_row_major);
   }
 #pragma unroll
   for (int o = 16; o >= 1; o >>= 1) dd_acc += __shfl_xor_sync(kFullMask, dd_acc, o);
@@ -576,13 +639,13 @@ __global__ void __launch_bounds__(kThreads)
 template <int P, int N>
 int64_t forward_smem() {
   using L = Layout<P, N>;
-  return 4 * (2 * kQ * L::NS + kQ * L::PS + kQ * kQS + kQ * L::HS);
+  return 4 * (2 * kQ * L::NS + 2 * kQ * L::PS + kQ * kQS + kQ * L::HS + P * L::NS);
 }
 
 template <int P, int N>
 int64_t backward_smem() {
   using L = Layout<P, N>;
-  return 4 * (2 * kQ * L::NS + 2 * P * L::NS + 3 * kQ * L::PS + 3 * kQ * kQS + 2 * kQ * L::HS);
+  return 4 * (4 * kQ * L::NS + 2 * P * L::NS + 3 * kQ * L::PS + 3 * kQ * kQS + 2 * kQ * L::HS);
 }
 
 std::string launch_error(const char* what) {
