@@ -2,7 +2,8 @@
 // through ops::mamba3_scan_fused) against the libtorch path the layer took before them (mamba3_preprocess +
 // mamba3_scan_chunked, chunks of 64) in the same run, at hybrid-250m's Mamba-3 shapes (32 heads, P 64, N 128, one
 // group, 32 rotary angles) with packed documents of ~512 tokens.
-//   mamba3_bench [batch] [tokens] [reps]   (defaults: 16 x 1024, 10)
+//   mamba3_bench [batch] [tokens] [reps] [heads] [d_state]   (defaults: 16 x 1024, 10, 32 heads, N 128; d_state / 4
+//   rotary angles, as the recipes' rope_fraction 0.5 gives; specialist-small's layer is 16 heads, N 64)
 // Roofline: FLOPs per token and head of the chunked form at the kernels' chunk Q = 32, causal halves counted once:
 // forward QN + QP (scores, intra-chunk outputs) + 4PN (inter-chunk outputs, state update); backward 3Q(N + P) + 8PN.
 // Against the FP32 CUDA-core peak and the bytes that must move: x, y, dy, dx, the B/C gradients per head, and the
@@ -29,7 +30,8 @@ int main(int argc, char** argv) {
   }
   const int64_t b = argc > 1 ? std::stoll(argv[1]) : 16, t = argc > 2 ? std::stoll(argv[2]) : 1024;
   const int reps = argc > 3 ? std::stoi(argv[3]) : 10;
-  const int64_t h = 32, p = 64, n = 128, g = 1, s = 32;
+  const int64_t h = argc > 4 ? std::stoll(argv[4]) : 32, p = 64, n = argc > 5 ? std::stoll(argv[5]) : 128, g = 1,
+                s = n / 4;
   torch::manual_seed(0);
   auto o = torch::TensorOptions().device(torch::kCUDA);
   auto leaf = [](torch::Tensor x) { return x.set_requires_grad(true); };

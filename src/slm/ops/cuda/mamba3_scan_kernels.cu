@@ -1,5 +1,5 @@
 // Fused Mamba-3 SISO chunked scan on sm_90: one CTA per (batch row, head) walks the sequence in chunks of 32 tokens
-// with the head's P×N state in registers.
+// with the head's P×N state in registers, as tensor-core accumulator tiles.
 //
 // Why this shape: the libtorch chunked form (ops/mamba3_scan.cpp) is a few batched matmuls between long chains of
 // elementwise kernels on FP32 temporaries ([B, T, H, N] rotated keys broadcast from the groups, [B, H, chunks, Q, Q]
@@ -13,13 +13,17 @@
 //   w_s = σ_s e^{cum_31 - cum_s} M[31,s];  E = e^{cum_31} [cnt_31 == 0]
 //   y_t = Σ_{s≤t} L[t,s] (q_t·k_s) v_s + e_t H q_t + D v_t,       H ← E H + Σ_s w_s v_s k_sᵀ
 // which is the reference's recurrence S_t = α_t S_{t-1} + β_t v_{t-1}k_{t-1}ᵀ + γ_t v_t k_tᵀ regrouped (σ_s = γ_s +
-// ε_{s+1} collects both terms that v_s k_sᵀ enters with). Thread (p, slice) owns row p of H over N / slices columns.
+// ε_{s+1} collects both terms that v_s k_sᵀ enters with). The chunk's matrix products (q Hᵀ, the state update; in the
+// backward q kᵀ, dy vᵀ, k dHᵀ, dy H, v dH and the dH update) run as 3xTF32 WMMA tiles (mma_tile), each warp holding
+// some 16×16 tiles of the state; the rest (decay tables, token and value gradients, rotations) on the CUDA cores.
 //
 // The rotary phase runs inside too: per chunk each warp takes some of the S angles (lane = token) and forms
 // φ_t = φ_{t-1} + Δ_t θ_t as a warp scan segmented at document starts, carried across chunks in [0, 2π).
 //
-// Backward: the chunks in reverse from the saved chunk states and phases, dH in registers (and shared memory, for the
-// products that sum over rows), the exact gradients of the expressions above, the rotation undone per pair. All FP32.
+// Backward: the chunks in reverse from the saved chunk states and phases, dH in accumulator tiles (and shared memory,
+// for the products that read it), the exact gradients of the expressions above, the rotation undone per pair. FP32
+// throughout (3xTF32 products stay within a few FP32 roundings). The backward's ~200 KB of shared memory leaves one CTA
+// per SM, so it runs 16 warps where the phases are long enough to use them (backward_pn).
 #include <cuda_runtime.h>
 #include <mma.h>
 
@@ -34,9 +38,10 @@ namespace slm::ops::cuda {
 namespace {
 
 constexpr unsigned kFullMask = 0xffffffffu;
-constexpr int kQ = 32;       // tokens per chunk: one warp's lanes, so the chunk's decay sums are warp scans
-constexpr int kQS = kQ + 1;  // row stride of the chunk's Q×Q tables (column reads stay conflict-free)
-constexpr int kThreads = 256;
+constexpr int kQ = 32;         // tokens per chunk: one warp's lanes, so the chunk's decay sums are warp scans
+constexpr int kQS = kQ + 1;    // row stride of the forward's Q×Q table (column reads stay conflict-free)
+constexpr int kQW = kQ + 4;    // row stride of the backward's Q×Q tables, which the tensor cores write
+constexpr int kThreads = 256;  // forward; two CTAs per SM
 constexpr int kWarps = kThreads / 32;
 constexpr float kTwoPi = 6.283185307179586f;
 
@@ -44,20 +49,15 @@ struct Dims {
   int T, H, G, S, nc;
 };
 
-// Thread layouts for a head of P×N. State layout: thread (p = tid / SL, sl = tid % SL) owns row p, columns
-// col(jj, sl) + 0..3 for jj < G4 (float4 groups interleaved over the slices, so a warp's 128-bit reads of one token's
-// row hit consecutive addresses). Token layout: 8 threads per token, float4 groups (jj * 8 + ng) * 4, jj < N / 32.
+// Shared-memory strides for a head of P×N. Token layout: 8 threads per token, float4 groups (jj * 8 + ng) * 4,
+// jj < N / 32 (a warp's 128-bit reads of one token's row hit consecutive addresses).
 template <int P, int N>
 struct Layout {
-  static constexpr int SL = kThreads / P;
-  static constexpr int CW = N / SL;
-  static constexpr int G4 = CW / 4;
   static constexpr int NG = N / 32;
   static constexpr int NS = N + 4;      // row stride of q, k, H, dH in shared memory
   static constexpr int PS = P + 8;      // row stride of v, dy
   static constexpr int HS = N / 2 + 1;  // row stride of the per-token phases (at most N / 2 angles)
-  static_assert(P * SL == kThreads && CW % 4 == 0 && N % 32 == 0, "unsupported Mamba-3 head shape");
-  __device__ static int col(int jj, int sl) { return (jj * SL + sl) * 4; }
+  static_assert(P % 16 == 0 && N % 32 == 0, "unsupported Mamba-3 head shape");
   __device__ static int tcol(int jj, int ng) { return (jj * 8 + ng) * 4; }
 };
 
@@ -111,16 +111,16 @@ __device__ __forceinline__ int start_count(const Mamba3ScanInputs& in, const Dim
 }
 
 // The phase of every token of the chunk, ph[t * HS + i], from the phase entering the chunk, carry[i] (shared; left
-// holding the phase after the chunk). Warp w takes angles w, w + 8, ...; lane = token. When saved is not null the
+// holding the phase after the chunk). Warp w of W takes angles w, w + W, ...; lane = token. When saved is not null the
 // entering phases are written there first (the backward restarts each chunk from them).
-template <int HS>
+template <int HS, int W>
 __device__ void chunk_phase(float* ph, float* carry, float* saved, const Mamba3ScanInputs& in, const Dims& d, int b,
                             int h, int t0, int tid) {
   const int lane = tid % 32, warp = tid / 32, t = t0 + lane;
   const bool valid = t < d.T;
   const int cnt = start_count(in, d, b, t0, lane);
   const float dt = valid ? in.dt[(static_cast<int64_t>(b) * d.T + t) * d.H + h] : 0.f;
-  for (int i = warp; i < d.S; i += kWarps) {
+  for (int i = warp; i < d.S; i += W) {
     float v = valid ? dt * in.theta[(static_cast<int64_t>(b) * d.T + t) * d.S + i] : 0.f;
 #pragma unroll
     for (int o = 1; o < kQ; o <<= 1) {  // a segmented scan: no step reaches across a document start
@@ -148,12 +148,12 @@ __device__ __forceinline__ float lcoef(const ChunkScalars& cs, int t, int s) {
 }
 
 // The chunk's rotated keys k̃ (from B) and queries q̃ (from C), and its values, into shared memory; zeros past T.
-template <int P, int N>
+template <int P, int N, int TH>
 __device__ void load_chunk(float* qs, float* ks, float* vs, const float* ph, const Mamba3ScanInputs& in, const Dims& d,
                            int b, int h, int t0, int tid) {
   using L = Layout<P, N>;
   const int g = h / (d.H / d.G);
-  for (int idx = tid; idx < kQ * N / 2; idx += kThreads) {
+  for (int idx = tid; idx < kQ * N / 2; idx += TH) {
     const int t = idx / (N / 2), i = idx % (N / 2), tok = t0 + t;
     float2 kk = {0.f, 0.f}, qq = {0.f, 0.f};
     if (tok < d.T) {
@@ -174,16 +174,16 @@ __device__ void load_chunk(float* qs, float* ks, float* vs, const float* ph, con
     *reinterpret_cast<float2*>(ks + t * L::NS + 2 * i) = kk;
     *reinterpret_cast<float2*>(qs + t * L::NS + 2 * i) = qq;
   }
-  for (int idx = tid; idx < kQ * P; idx += kThreads) {
+  for (int idx = tid; idx < kQ * P; idx += TH) {
     const int t = idx / P, p = idx % P, tok = t0 + t;
     vs[t * L::PS + p] = tok < d.T ? in.x[((static_cast<int64_t>(b) * d.T + tok) * d.H + h) * P + p] : 0.f;
   }
 }
 
-template <int P>
+template <int P, int TH>
 __device__ void load_rows(float* dst, const float* src, const Dims& d, int b, int h, int t0, int tid) {
   constexpr int PS = P + 8;
-  for (int idx = tid; idx < kQ * P; idx += kThreads) {
+  for (int idx = tid; idx < kQ * P; idx += TH) {
     const int t = idx / P, p = idx % P, tok = t0 + t;
     dst[t * PS + p] = src && tok < d.T ? src[((static_cast<int64_t>(b) * d.T + tok) * d.H + h) * P + p] : 0.f;
   }
@@ -210,48 +210,54 @@ __device__ __forceinline__ void split_tf32(Frag& hi, Frag& lo) {
   }
 }
 
-// acc += A B for one 16×16 tile over k (a multiple of 8). A (16×k) and B (k×16) are in shared memory, row- or
+// acc += A B for one 16×16 tile over K (a multiple of 8). A (16×K) and B (K×16) are in shared memory, row- or
 // column-major (LA, LB) with leading dimensions lda, ldb; a and b point at their (0, 0) elements, 32-byte aligned.
-template <typename LA, typename LB>
-__device__ __forceinline__ void mma_tile(AccFrag& acc, const float* a, unsigned lda, const float* b, unsigned ldb,
-                                         int k) {
+// The small products accumulate apart from hi·hi, so the three products of a step do not wait on one another.
+template <typename LA, typename LB, int K>
+__device__ __forceinline__ void mma_tile(AccFrag& acc, const float* a, unsigned lda, const float* b, unsigned ldb) {
   constexpr bool a_row = std::is_same_v<LA, wmma::row_major>, b_row = std::is_same_v<LB, wmma::row_major>;
-  for (int kk = 0; kk < k; kk += 8) {
+  AccFrag small;
+  wmma::fill_fragment(small, 0.f);
+#pragma unroll
+  for (int kk = 0; kk < K; kk += 8) {
     wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, LA> ah, al;
     wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, LB> bh, bl;
     wmma::load_matrix_sync(ah, a + (a_row ? kk : kk * lda), lda);
     wmma::load_matrix_sync(bh, b + (b_row ? kk * ldb : kk), ldb);
     split_tf32(ah, al);
     split_tf32(bh, bl);
-    wmma::mma_sync(acc, al, bh, acc);
-    wmma::mma_sync(acc, ah, bl, acc);
+    wmma::mma_sync(small, al, bh, small);
+    wmma::mma_sync(small, ah, bl, small);
     wmma::mma_sync(acc, ah, bh, acc);
   }
+#pragma unroll
+  for (int i = 0; i < acc.num_elements; ++i) acc.x[i] += small.x[i];
 }
 
-// The P×N state (H forward, dH backward) lives in accumulator tiles spread over the warps: warp w holds tiles
-// w, w + 8, ... of the (P / 16) × (N / 16) grid, row-major.
-template <int P, int N>
+// The P×N state (H forward, dH backward) lives in accumulator tiles spread over the W warps: warp w holds tiles
+// w, w + W, ... of the (P / 16) × (N / 16) grid, row-major.
+template <int P, int N, int W>
 struct StateTiles {
-  static constexpr int NT = N / 16, count = (P / 16) * NT, per_warp = (count + kWarps - 1) / kWarps;
-  __device__ static bool held(int warp, int j) { return warp + kWarps * j < count; }
-  __device__ static int row(int warp, int j) { return (warp + kWarps * j) / NT * 16; }
-  __device__ static int col(int warp, int j) { return (warp + kWarps * j) % NT * 16; }
+  static constexpr int NT = N / 16, count = (P / 16) * NT, per_warp = (count + W - 1) / W;
+  __device__ static bool held(int warp, int j) { return warp + W * j < count; }
+  __device__ static int row(int warp, int j) { return (warp + W * j) / NT * 16; }
+  __device__ static int col(int warp, int j) { return (warp + W * j) % NT * 16; }
 };
 
-template <int P, int N>
-__device__ __forceinline__ void scale_tiles(AccFrag (&f)[StateTiles<P, N>::per_warp], float e) {
+template <int P, int N, int W>
+__device__ __forceinline__ void scale_tiles(AccFrag (&f)[StateTiles<P, N, W>::per_warp], float e) {
 #pragma unroll
-  for (int j = 0; j < StateTiles<P, N>::per_warp; ++j)
+  for (int j = 0; j < StateTiles<P, N, W>::per_warp; ++j)
 #pragma unroll
     for (int i = 0; i < f[j].num_elements; ++i) f[j].x[i] *= e;
 }
 
 template <int P, int N>
-__global__ void __launch_bounds__(kThreads, 2) forward_kernel(Dims d, Mamba3ScanInputs in, const float* h0, float* y,
-                                                           float* h_last, float* final_angle, Mamba3Checkpoints cps) {
+__global__ void __launch_bounds__(kThreads, 2)
+    forward_kernel(Dims d, Mamba3ScanInputs in, const float* h0, float* y, float* h_last, float* final_angle,
+                   Mamba3Checkpoints cps) {
   using L = Layout<P, N>;
-  using ST = StateTiles<P, N>;
+  using ST = StateTiles<P, N, kWarps>;
   extern __shared__ __align__(128) float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
   float* ks = qs + kQ * L::NS;
@@ -280,11 +286,11 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Dims d, Mamba3Scan
     for (int j = 0; j < ST::per_warp; ++j)
       if (ST::held(warp, j))
         wmma::store_matrix_sync(hs + ST::row(warp, j) * L::NS + ST::col(warp, j), st[j], L::NS, wmma::mem_row_major);
-    chunk_phase<L::HS>(ph, carry, cps.phase ? cps.phase + (static_cast<int64_t>(bh) * d.nc + c) * d.S : nullptr, in, d,
-                       b, h, t0, tid);
+    chunk_phase<L::HS, kWarps>(ph, carry, cps.phase ? cps.phase + (static_cast<int64_t>(bh) * d.nc + c) * d.S : nullptr,
+                               in, d, b, h, t0, tid);
     if (tid < 32) chunk_scalars(cs, in, d, b, h, t0, tid);
     __syncthreads();
-    load_chunk<P, N>(qs, ks, vs, ph, in, d, b, h, t0, tid);
+    load_chunk<P, N, kThreads>(qs, ks, vs, ph, in, d, b, h, t0, tid);
     if (cps.state) {
       float4* dst = reinterpret_cast<float4*>(cps.state + (static_cast<int64_t>(bh) * d.nc + c) * P * N);
       for (int idx = tid; idx < P * N / 4; idx += kThreads)
@@ -310,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Dims d, Mamba3Scan
       const int r = warp / (P / 16) * 16, col = warp % (P / 16) * 16;
       AccFrag acc;
       wmma::fill_fragment(acc, 0.f);
-      mma_tile<wmma::row_major, wmma::col_major>(acc, qs + r * L::NS, L::NS, hs + col * L::NS, L::NS, N);
+      mma_tile<wmma::row_major, wmma::col_major, N>(acc, qs + r * L::NS, L::NS, hs + col * L::NS, L::NS);
       wmma::store_matrix_sync(ys + r * L::PS + col, acc, L::PS, wmma::mem_row_major);
     }
     __syncthreads();
@@ -323,12 +329,12 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Dims d, Mamba3Scan
     }
     __syncthreads();
     // H ← E H + Σ_s (w_s v_s) k_sᵀ
-    scale_tiles<P, N>(st, cs.E);
+    scale_tiles<P, N, kWarps>(st, cs.E);
 #pragma unroll
     for (int j = 0; j < ST::per_warp; ++j)
       if (ST::held(warp, j))
-        mma_tile<wmma::col_major, wmma::row_major>(st[j], ys + ST::row(warp, j), L::PS, ks + ST::col(warp, j), L::NS,
-                                                   kQ);
+        mma_tile<wmma::col_major, wmma::row_major, kQ>(st[j], ys + ST::row(warp, j), L::PS, ks + ST::col(warp, j),
+                                                       L::NS);
     __syncthreads();  // the next chunk's loads overwrite what this one read
   }
   if (tid < d.S) final_angle[static_cast<int64_t>(bh) * d.S + tid] = carry[tid];
@@ -336,17 +342,19 @@ __global__ void __launch_bounds__(kThreads, 2) forward_kernel(Dims d, Mamba3Scan
 #pragma unroll
     for (int j = 0; j < ST::per_warp; ++j)
       if (ST::held(warp, j))
-        wmma::store_matrix_sync(h_last + head + ST::row(warp, j) * N + ST::col(warp, j), st[j], N,
-                                wmma::mem_row_major);
+        wmma::store_matrix_sync(h_last + head + ST::row(warp, j) * N + ST::col(warp, j), st[j], N, wmma::mem_row_major);
   }
 }
 
-template <int P, int N>
-__global__ void __launch_bounds__(kThreads)
+// TH threads (256 or 512): the backward's shared memory leaves one CTA per SM.
+template <int P, int N, int TH>
+__global__ void __launch_bounds__(TH)
     backward_kernel(Dims d, Mamba3ScanInputs in, Mamba3Checkpoints cps, const float* dy, const float* dh_last,
                     const float* dfinal_angle, Mamba3ScanGrads gr) {
   using L = Layout<P, N>;
-  using ST = StateTiles<P, N>;
+  constexpr int kBW = TH / 32;
+  using ST = StateTiles<P, N, kBW>;
+  constexpr int TT = TH / kQ;  // threads per token in the value layout
   extern __shared__ __align__(128) float4 smem4[];
   float* qs = reinterpret_cast<float*>(smem4);
   float* ks = qs + kQ * L::NS;
@@ -354,18 +362,22 @@ __global__ void __launch_bounds__(kThreads)
   float* gs = hc + P * L::NS;   // [P][NS] dH, the gradient of the state leaving the chunk
   float* vs = gs + P * L::NS;
   float* dys = vs + kQ * L::PS;
-  float* ssc = dys + kQ * L::PS;  // [kQ][kQS] q_t·k_s
-  float* wsc = ssc + kQ * kQS;    // [kQ][kQS] dy_t·v_s
-  float* lc = wsc + kQ * kQS;     // [kQ][kQS] L[t, s]
-  float* ph = lc + kQ * kQS;      // [kQ][HS] the tokens' phases
-  float* dph = ph + kQ * L::HS;   // [kQ][HS] their gradients
+  // The Q×Q tables [kQ][kQW], read only at s <= t: q_t·k_s, dy_t·v_s, L[t, s] and, for s < t, e^{cum_t - cum_s}
+  // within a document (L[t, s] = σ_s times it).
+  float* ssc = dys + kQ * L::PS;
+  float* wsc = ssc + kQ * kQW;
+  float* lc = wsc + kQ * kQW;
+  float* ex = lc + kQ * kQW;
+  float* ph = ex + kQ * kQW;      // [kQ][HS] the tokens' phases
+  float* dph = ph + kQ * L::HS;   // [kQ][HS] their gradients through the queries
   float* gks = dph + kQ * L::HS;  // [kQ][PS] (dH k_s)[p]
   float* us = gks + kQ * L::PS;   // [kQ][NS] dy_t H_c
   float* zs = us + kQ * L::NS;    // [kQ][NS] v_t dH
+  float* dpk = zs + kQ * L::NS;   // [kQ][HS] the phases' gradients through the keys
   __shared__ ChunkScalars cs;
-  __shared__ float de[kQ], dw[kQ], dew[kWarps], ddw[kWarps];
+  __shared__ float de[kQ], dw[kQ], dew[kBW], ddw[kBW];
   __shared__ float carry[N / 2], dcarry[N / 2];  // the phase entering the chunk; dφ reaching back past it
-  const int bh = blockIdx.x, b = bh / d.H, h = bh % d.H, tid = threadIdx.x, p = tid / L::SL, sl = tid % L::SL;
+  const int bh = blockIdx.x, b = bh / d.H, h = bh % d.H, tid = threadIdx.x;
   const int lane = tid % 32, warp = tid / 32;
   const float dh = in.d[h];
   const int64_t head = static_cast<int64_t>(bh) * P * N;
@@ -386,176 +398,166 @@ __global__ void __launch_bounds__(kThreads)
         wmma::store_matrix_sync(gs + ST::row(warp, j) * L::NS + ST::col(warp, j), g[j], L::NS, wmma::mem_row_major);
     if (tid < d.S) carry[tid] = cps.phase[(static_cast<int64_t>(bh) * d.nc + c) * d.S + tid];
     __syncthreads();
-    chunk_phase<L::HS>(ph, carry, nullptr, in, d, b, h, t0, tid);
+    chunk_phase<L::HS, kBW>(ph, carry, nullptr, in, d, b, h, t0, tid);
     if (tid < 32) chunk_scalars(cs, in, d, b, h, t0, tid);
     __syncthreads();
-    load_chunk<P, N>(qs, ks, vs, ph, in, d, b, h, t0, tid);
-    load_rows<P>(dys, dy, d, b, h, t0, tid);
+    load_chunk<P, N, TH>(qs, ks, vs, ph, in, d, b, h, t0, tid);
+    load_rows<P, TH>(dys, dy, d, b, h, t0, tid);
     {
       const float4* src = reinterpret_cast<const float4*>(cps.state + (static_cast<int64_t>(bh) * d.nc + c) * P * N);
-      for (int idx = tid; idx < P * N / 4; idx += kThreads) {
+      for (int idx = tid; idx < P * N / 4; idx += TH) {
         const int pp = idx / (N / 4), n4 = idx % (N / 4);
         *reinterpret_cast<float4*>(hc + pp * L::NS + 4 * n4) = src[idx];
       }
     }
     __syncthreads();
 
-    // The chunk's Q×Q tables, and <dH, H_c> (the gradient of E).
+    // The chunk's decay tables, and <dH, H_c> (the gradient of E).
     {
-      const int t = tid / 8, sb = tid % 8;
-      const float4* qrow = reinterpret_cast<const float4*>(qs + t * L::NS);
-      const float* dyrow = dys + t * L::PS;
-#pragma unroll
-      for (int i = 0; i < kQ / 8; ++i) {
-        const int s = sb + 8 * i;
-        float sv = 0.f, wv = 0.f;
-        if (s <= t) {
-          const float4* krow = reinterpret_cast<const float4*>(ks + s * L::NS);
-          for (int n4 = 0; n4 < N / 4; ++n4) sv += dot4(qrow[n4], krow[n4]);
-          const float* vrow = vs + s * L::PS;
-          for (int pp = 0; pp < P; ++pp) wv += dyrow[pp] * vrow[pp];
-        }
-        ssc[t * kQS + s] = sv;
-        wsc[t * kQS + s] = wv;
-        lc[t * kQS + s] = lcoef(cs, t, s);
+      for (int idx = tid; idx < kQ * kQ; idx += TH) {
+        const int t = idx / kQ, s = idx % kQ;
+        const float e = s < t && cs.cnt[t] == cs.cnt[s] ? expf(cs.cum[t] - cs.cum[s]) : 0.f;
+        ex[t * kQW + s] = e;
+        lc[t * kQW + s] = s == t ? cs.gam[t] : cs.sig[s] * e;
       }
       float e_part = 0.f;
-#pragma unroll
-      for (int jj = 0; jj < L::G4; ++jj) {
-        const float4 hv = *reinterpret_cast<const float4*>(hc + p * L::NS + L::col(jj, sl));
-        const float4 gv = *reinterpret_cast<const float4*>(gs + p * L::NS + L::col(jj, sl));
-        e_part += dot4(gv, hv);
+      for (int idx = tid; idx < P * N / 4; idx += TH) {
+        const int at = idx / (N / 4) * L::NS + 4 * (idx % (N / 4));
+        e_part += dot4(*reinterpret_cast<const float4*>(gs + at), *reinterpret_cast<const float4*>(hc + at));
       }
 #pragma unroll
       for (int o = 16; o >= 1; o >>= 1) e_part += __shfl_xor_sync(kFullMask, e_part, o);
       if (lane == 0) dew[warp] = e_part;
     }
-    // On the tensor cores: gks = K dHᵀ [kQ][P], us = dY H_c and zs = V dH [kQ][N].
+    // On the tensor cores: ssc = Q Kᵀ and wsc = dY Vᵀ [kQ][kQ], gks = K dHᵀ [kQ][P], us = dY H_c and zs = V dH [kQ][N].
     {
-      constexpr int pt = P / 16, nt = N / 16, tiles = 2 * pt + 4 * nt;
-      for (int i = warp; i < tiles; i += kWarps) {
+      constexpr int pt = P / 16, nt = N / 16, qt = kQ / 16, tables = 2 * qt * qt, tiles = tables + 2 * pt + 4 * nt;
+      for (int i = warp; i < tiles; i += kBW) {
         AccFrag acc;
         wmma::fill_fragment(acc, 0.f);
-        if (i < 2 * pt) {
-          const int r = i / pt * 16, col = i % pt * 16;
-          mma_tile<wmma::row_major, wmma::col_major>(acc, ks + r * L::NS, L::NS, gs + col * L::NS, L::NS, N);
+        if (i < tables) {
+          const bool w = i >= qt * qt;
+          const int k = i % (qt * qt), r = k / qt * 16, col = k % qt * 16;
+          if (w)
+            mma_tile<wmma::row_major, wmma::col_major, P>(acc, dys + r * L::PS, L::PS, vs + col * L::PS, L::PS);
+          else
+            mma_tile<wmma::row_major, wmma::col_major, N>(acc, qs + r * L::NS, L::NS, ks + col * L::NS, L::NS);
+          wmma::store_matrix_sync((w ? wsc : ssc) + r * kQW + col, acc, kQW, wmma::mem_row_major);
+        } else if (i < tables + 2 * pt) {
+          const int k = i - tables, r = k / pt * 16, col = k % pt * 16;
+          mma_tile<wmma::row_major, wmma::col_major, N>(acc, ks + r * L::NS, L::NS, gs + col * L::NS, L::NS);
           wmma::store_matrix_sync(gks + r * L::PS + col, acc, L::PS, wmma::mem_row_major);
         } else {
-          const int k = i - 2 * pt, second = k >= 2 * nt, kk = k % (2 * nt), r = kk / nt * 16, col = kk % nt * 16;
-          mma_tile<wmma::row_major, wmma::row_major>(acc, (second ? vs : dys) + r * L::PS, L::PS,
-                                                     (second ? gs : hc) + col, L::NS, P);
+          const int k = i - tables - 2 * pt, second = k >= 2 * nt, kk = k % (2 * nt), r = kk / nt * 16,
+                    col = kk % nt * 16;
+          mma_tile<wmma::row_major, wmma::row_major, P>(acc, (second ? vs : dys) + r * L::PS, L::PS,
+                                                        (second ? gs : hc) + col, L::NS);
           wmma::store_matrix_sync((second ? zs : us) + r * L::NS + col, acc, L::NS, wmma::mem_row_major);
         }
       }
     }
     __syncthreads();
 
-    // Token layout: dq̃_t and dk̃_t (thread's token t = tid / 8 plays both roles), then the rotation undone.
-    {
-      const int t = tid / 8, ng = tid % 8, tok = t0 + t;
-      float dq[4 * L::NG] = {}, dk[4 * L::NG] = {}, u[4 * L::NG] = {}, z[4 * L::NG] = {};
-      for (int s = 0; s <= t; ++s) {
-        const float coef = lc[t * kQS + s] * wsc[t * kQS + s];
+    // Token layout (8 threads per token): dq̃_t (role 0) and dk̃_t (role 1), then the rotation undone; each role leaves
+    // its share of the phases' gradients in dph or dpk. With 512 threads each half takes one role.
+    for (int role = TH == 2 * kThreads ? tid / kThreads : 0; role < (TH == 2 * kThreads ? tid / kThreads + 1 : 2);
+         ++role) {
+      const bool keys = role == 1;
+      const int t = tid % kThreads / 8, ng = tid % 8, tok = t0 + t;
+      const float* own = keys ? ks : qs;    // the token's own rotated key or query
+      const float* other = keys ? qs : ks;  // what its gradient sums over
+      float a[4 * L::NG] = {}, x[4 * L::NG];
+      // queries: Σ_{s ≤ t} L[t,s] W[t,s] k_s;  keys: Σ_{t' ≥ t} L[t',t] W[t',t] q_t'
+      for (int j = keys ? t : 0, end = keys ? kQ - 1 : t; j <= end; ++j) {
+        const int at = keys ? j * kQW + t : t * kQW + j;
+        const float coef = lc[at] * wsc[at];
 #pragma unroll
         for (int jj = 0; jj < L::NG; ++jj) {
-          const float4 kv = *reinterpret_cast<const float4*>(ks + s * L::NS + L::tcol(jj, ng));
-          dq[4 * jj] += coef * kv.x, dq[4 * jj + 1] += coef * kv.y, dq[4 * jj + 2] += coef * kv.z,
-              dq[4 * jj + 3] += coef * kv.w;
+          const float4 ov = *reinterpret_cast<const float4*>(other + j * L::NS + L::tcol(jj, ng));
+          a[4 * jj] += coef * ov.x, a[4 * jj + 1] += coef * ov.y, a[4 * jj + 2] += coef * ov.z,
+              a[4 * jj + 3] += coef * ov.w;
         }
       }
-      for (int tt = t; tt < kQ; ++tt) {
-        const float coef = lc[tt * kQS + t] * wsc[tt * kQS + t];
-#pragma unroll
-        for (int jj = 0; jj < L::NG; ++jj) {
-          const float4 qv = *reinterpret_cast<const float4*>(qs + tt * L::NS + L::tcol(jj, ng));
-          dk[4 * jj] += coef * qv.x, dk[4 * jj + 1] += coef * qv.y, dk[4 * jj + 2] += coef * qv.z,
-              dk[4 * jj + 3] += coef * qv.w;
-        }
-      }
+      // queries: u = dy_t H_c (e_t scales it); keys: z = v_t dH (w_t scales it)
+      const float* xs = keys ? zs : us;
 #pragma unroll
       for (int jj = 0; jj < L::NG; ++jj) {
-        const float4 uv = *reinterpret_cast<const float4*>(us + t * L::NS + L::tcol(jj, ng));
-        const float4 zv = *reinterpret_cast<const float4*>(zs + t * L::NS + L::tcol(jj, ng));
-        u[4 * jj] = uv.x, u[4 * jj + 1] = uv.y, u[4 * jj + 2] = uv.z, u[4 * jj + 3] = uv.w;
-        z[4 * jj] = zv.x, z[4 * jj + 1] = zv.y, z[4 * jj + 2] = zv.z, z[4 * jj + 3] = zv.w;
+        const float4 xv = *reinterpret_cast<const float4*>(xs + t * L::NS + L::tcol(jj, ng));
+        x[4 * jj] = xv.x, x[4 * jj + 1] = xv.y, x[4 * jj + 2] = xv.z, x[4 * jj + 3] = xv.w;
       }
-      float de_part = 0.f, dw_part = 0.f;
-      const float ein = cs.ein[t], wend = cs.wend[t];
+      float part = 0.f;  // de_t (queries) or dw_t (keys)
 #pragma unroll
       for (int jj = 0; jj < L::NG; ++jj) {
-        const float4 qv = *reinterpret_cast<const float4*>(qs + t * L::NS + L::tcol(jj, ng));
-        const float4 kv = *reinterpret_cast<const float4*>(ks + t * L::NS + L::tcol(jj, ng));
-        de_part += dot4(qv, make_float4(u[4 * jj], u[4 * jj + 1], u[4 * jj + 2], u[4 * jj + 3]));
-        dw_part += dot4(kv, make_float4(z[4 * jj], z[4 * jj + 1], z[4 * jj + 2], z[4 * jj + 3]));
+        const float4 ov = *reinterpret_cast<const float4*>(own + t * L::NS + L::tcol(jj, ng));
+        part += dot4(ov, make_float4(x[4 * jj], x[4 * jj + 1], x[4 * jj + 2], x[4 * jj + 3]));
       }
 #pragma unroll
-      for (int o = 4; o >= 1; o >>= 1) {
-        de_part += __shfl_xor_sync(kFullMask, de_part, o);
-        dw_part += __shfl_xor_sync(kFullMask, dw_part, o);
-      }
-      if (ng == 0) de[t] = de_part, dw[t] = dw_part;
-      {
-        const int64_t base = (static_cast<int64_t>(b) * d.T + tok) * d.H + h;
+      for (int o = 4; o >= 1; o >>= 1) part += __shfl_xor_sync(kFullMask, part, o);
+      if (ng == 0) (keys ? dw : de)[t] = part;
+      const float scale = keys ? cs.wend[t] : cs.ein[t];
+      float* dphase = keys ? dpk : dph;
+      float* out = keys ? gr.dk_pre : gr.dq_pre;
+      const int64_t base = (static_cast<int64_t>(b) * d.T + tok) * d.H + h;
 #pragma unroll
-        for (int jj = 0; jj < L::NG; ++jj) {
-          const int n0 = L::tcol(jj, ng);
-          const float* qv = qs + t * L::NS + n0;
-          const float* kv = ks + t * L::NS + n0;
-          float oq[4], ok[4];
+      for (int jj = 0; jj < L::NG; ++jj) {
+        const int n0 = L::tcol(jj, ng);
+        const float* ov = own + t * L::NS + n0;
+        float o4[4];
 #pragma unroll
-          for (int e = 0; e < 4; e += 2) {
-            const float dq0 = dq[4 * jj + e] + ein * u[4 * jj + e], dq1 = dq[4 * jj + e + 1] + ein * u[4 * jj + e + 1];
-            const float dk0 = dk[4 * jj + e] + wend * z[4 * jj + e],
-                        dk1 = dk[4 * jj + e + 1] + wend * z[4 * jj + e + 1];
-            const int i = (n0 + e) / 2;
-            if (i < d.S) {
-              // Rotation by φ: r = (u cos - v sin, u sin + v cos); dr/dφ = (-r1, r0); d(u, v) = Rᵀ dr.
-              // Tokens past T have zero keys and queries: their dφ is 0.
-              dph[t * L::HS + i] = -dq0 * qv[e + 1] + dq1 * qv[e] - dk0 * kv[e + 1] + dk1 * kv[e];
-              float sn, co;
-              sincosf(ph[t * L::HS + i], &sn, &co);
-              oq[e] = dq0 * co + dq1 * sn, oq[e + 1] = -dq0 * sn + dq1 * co;
-              ok[e] = dk0 * co + dk1 * sn, ok[e + 1] = -dk0 * sn + dk1 * co;
-            } else {
-              oq[e] = dq0, oq[e + 1] = dq1, ok[e] = dk0, ok[e + 1] = dk1;
-            }
-          }
-          if (tok < d.T) {
-            *reinterpret_cast<float4*>(gr.dq_pre + base * N + n0) = make_float4(oq[0], oq[1], oq[2], oq[3]);
-            *reinterpret_cast<float4*>(gr.dk_pre + base * N + n0) = make_float4(ok[0], ok[1], ok[2], ok[3]);
+        for (int e = 0; e < 4; e += 2) {
+          const float d0 = a[4 * jj + e] + scale * x[4 * jj + e], d1 = a[4 * jj + e + 1] + scale * x[4 * jj + e + 1];
+          const int i = (n0 + e) / 2;
+          if (i < d.S) {
+            // Rotation by φ: r = (u cos - v sin, u sin + v cos); dr/dφ = (-r1, r0); d(u, v) = Rᵀ dr.
+            // Tokens past T have zero keys and queries: their dφ is 0.
+            dphase[t * L::HS + i] = -d0 * ov[e + 1] + d1 * ov[e];
+            float sn, co;
+            sincosf(ph[t * L::HS + i], &sn, &co);
+            o4[e] = d0 * co + d1 * sn, o4[e + 1] = -d0 * sn + d1 * co;
+          } else {
+            o4[e] = d0, o4[e + 1] = d1;
           }
         }
+        if (tok < d.T) *reinterpret_cast<float4*>(out + base * N + n0) = make_float4(o4[0], o4[1], o4[2], o4[3]);
       }
     }
     // Value layout: dv_s (= dx_s, SISO).
     {
-      const int s = tid / 8, pg = tid % 8, tok = t0 + s;
+      constexpr int PT = P / TT;  // each thread's values
+      const int s = tid / TT, pg = tid % TT, tok = t0 + s;
       const float wend = cs.wend[s];
-      for (int i = 0; i < P / 8; ++i) {
-        const int pp = pg + 8 * i;
-        float acc = 0.f;
-        for (int tt = s; tt < kQ; ++tt) acc += lc[tt * kQS + s] * ssc[tt * kQS + s] * dys[tt * L::PS + pp];
+      float acc[PT] = {};
+      for (int tt = s; tt < kQ; ++tt) {
+        const float coef = lc[tt * kQW + s] * ssc[tt * kQW + s];
+#pragma unroll
+        for (int i = 0; i < PT; ++i) acc[i] += coef * dys[tt * L::PS + pg + TT * i];
+      }
+#pragma unroll
+      for (int i = 0; i < PT; ++i) {
+        const int pp = pg + TT * i;
         const float gk = gks[s * L::PS + pp];
         const float dyv = dys[s * L::PS + pp];
-        if (tok < d.T) gr.dx[((static_cast<int64_t>(b) * d.T + tok) * d.H + h) * P + pp] = acc + wend * gk + dh * dyv;
+        if (tok < d.T)
+          gr.dx[((static_cast<int64_t>(b) * d.T + tok) * d.H + h) * P + pp] = acc[i] + wend * gk + dh * dyv;
         dd_acc += dyv * vs[s * L::PS + pp];
       }
     }
     __syncthreads();
-    for (int idx = tid; idx < kQ * P; idx += kThreads) dys[idx / P * L::PS + idx % P] *= cs.ein[idx / P];
+    for (int idx = tid; idx < kQ * P; idx += TH) dys[idx / P * L::PS + idx % P] *= cs.ein[idx / P];
     __syncthreads();
 
     // The chunk's scalar gradients (warp 0, lane = token), while every thread carries dH into the previous chunk.
     if (warp == 0) {
       const int j = lane, tok = t0 + j;
-      float rowsum = 0.f, colsum = 0.f, dsig = 0.f;
-      for (int s = 0; s < j; ++s) rowsum += ssc[j * kQS + s] * wsc[j * kQS + s] * lc[j * kQS + s];
-      for (int tt = j + 1; tt < kQ; ++tt) {
-        const float dl = ssc[tt * kQS + j] * wsc[tt * kQS + j];
-        colsum += dl * lc[tt * kQS + j];
-        if (cs.cnt[tt] == cs.cnt[j]) dsig += dl * expf(cs.cum[tt] - cs.cum[j]);
+      // dsig sums dL[t, j] e^{cum_t - cum_j} over the later tokens of j's document; colsum is σ_j times it.
+      float rowsum = 0.f, dsig = 0.f;
+#pragma unroll
+      for (int s = 0; s < kQ; ++s) {
+        if (s < j) rowsum += ssc[j * kQW + s] * wsc[j * kQW + s] * lc[j * kQW + s];
+        if (s > j) dsig += ssc[s * kQW + j] * wsc[s * kQW + j] * ex[s * kQW + j];
       }
-      const float dgam = ssc[j * kQS + j] * wsc[j * kQS + j];
+      const float colsum = cs.sig[j] * dsig;
+      const float dgam = ssc[j * kQW + j] * wsc[j * kQW + j];
       const float dwv = dw[j], wend = cs.wend[j];
       if (cs.cnt[j] == cs.cnt_last) dsig += dwv * expf(cs.cum_last - cs.cum[j]);
       float dcum = rowsum - colsum + de[j] * cs.ein[j] - dwv * wend;
@@ -565,7 +567,7 @@ __global__ void __launch_bounds__(kThreads)
       if (j == kQ - 1) {
         float dE = 0.f;
 #pragma unroll
-        for (int w = 0; w < kThreads / 32; ++w) dE += dew[w];
+        for (int w = 0; w < kBW; ++w) dE += dew[w];
         dcum += to_last + dE * cs.E;
       }
 #pragma unroll
@@ -588,8 +590,8 @@ __global__ void __launch_bounds__(kThreads)
       const int cnt = cs.cnt[lane];
       const float dtv = valid ? in.dt[(static_cast<int64_t>(b) * d.T + tok) * d.H + h] : 0.f;
       float ddt = 0.f;
-      for (int i = warp; i < d.S; i += kWarps) {
-        float v = dph[lane * L::HS + i];
+      for (int i = warp; i < d.S; i += kBW) {
+        float v = dph[lane * L::HS + i] + dpk[lane * L::HS + i];
         if (dfinal_angle && tok == d.T - 1) v += dfinal_angle[static_cast<int64_t>(bh) * d.S + i];
 #pragma unroll
         for (int o = 1; o < kQ; o <<= 1) {
@@ -609,12 +611,12 @@ __global__ void __launch_bounds__(kThreads)
       if (valid && ddt != 0.f) atomicAdd(gr.ddt + (static_cast<int64_t>(b) * d.T + tok) * d.H + h, ddt);
     }
     // dH ← E dH + Σ_t (e_t dy_t) q_tᵀ: the gradient of the state entering the chunk.
-    scale_tiles<P, N>(g, cs.E);
+    scale_tiles<P, N, kBW>(g, cs.E);
 #pragma unroll
     for (int j = 0; j < ST::per_warp; ++j)
       if (ST::held(warp, j))
-        mma_tile<wmma::col_major, wmma::row_major>(g[j], dys + ST::row(warp, j), L::PS, qs + ST::col(warp, j), L::NS,
-                                                   kQ);
+        mma_tile<wmma::col_major, wmma::row_major, kQ>(g[j], dys + ST::row(warp, j), L::PS, qs + ST::col(warp, j),
+                                                       L::NS);
     __syncthreads();
   }
   if (tid < d.S) gr.dangle0[static_cast<int64_t>(bh) * d.S + tid] = dcarry[tid];
@@ -622,8 +624,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int j = 0; j < ST::per_warp; ++j)
       if (ST::held(warp, j))
-        wmma::store_matrix_sync(gr.dh0 + head + ST::row(warp, j) * N + ST::col(warp, j), g[j], N,
-                                wmma::mem_row_major);
+        wmma::store_matrix_sync(gr.dh0 + head + ST::row(warp, j) * N + ST::col(warp, j), g[j], N, wmma::mem_row_major);
   }
 #pragma unroll
   for (int o = 16; o >= 1; o >>= 1) dd_acc += __shfl_xor_sync(kFullMask, dd_acc, o);
@@ -631,7 +632,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (tid == 0) {
     float sum = 0.f;
-    for (int w = 0; w < kThreads / 32; ++w) sum += ddw[w];
+    for (int w = 0; w < kBW; ++w) sum += ddw[w];
     atomicAdd(gr.dd + h, sum);  // the batch rows of a head meet here
   }
 }
@@ -645,7 +646,7 @@ int64_t forward_smem() {
 template <int P, int N>
 int64_t backward_smem() {
   using L = Layout<P, N>;
-  return 4 * (4 * kQ * L::NS + 2 * P * L::NS + 3 * kQ * L::PS + 3 * kQ * kQS + 2 * kQ * L::HS);
+  return 4 * (4 * kQ * L::NS + 2 * P * L::NS + 3 * kQ * L::PS + 4 * kQ * kQW + 3 * kQ * L::HS);
 }
 
 std::string launch_error(const char* what) {
@@ -675,15 +676,27 @@ std::string forward_pn(const Mamba3Shape& s, const Mamba3ScanInputs& in, const f
   return launch_error("mamba3 forward");
 }
 
+template <int P, int N, int TH>
+std::string backward_pn_th(const Mamba3Shape& s, const Mamba3ScanInputs& in, const Mamba3Checkpoints& cps,
+                           const float* dy, const float* dh_last, const float* dfinal_angle, const Mamba3ScanGrads& g,
+                           cudaStream_t stream) {
+  const int64_t smem = backward_smem<P, N>();
+  if (auto e = prepare(backward_kernel<P, N, TH>, smem); !e.empty()) return e;
+  backward_kernel<P, N, TH>
+      <<<static_cast<unsigned>(s.batch * s.heads), TH, smem, stream>>>(dims(s), in, cps, dy, dh_last, dfinal_angle, g);
+  return launch_error("mamba3 backward");
+}
+
 template <int P, int N>
 std::string backward_pn(const Mamba3Shape& s, const Mamba3ScanInputs& in, const Mamba3Checkpoints& cps, const float* dy,
                         const float* dh_last, const float* dfinal_angle, const Mamba3ScanGrads& g,
                         cudaStream_t stream) {
-  const int64_t smem = backward_smem<P, N>();
-  if (auto e = prepare(backward_kernel<P, N>, smem); !e.empty()) return e;
-  backward_kernel<P, N><<<static_cast<unsigned>(s.batch * s.heads), kThreads, smem, stream>>>(dims(s), in, cps, dy,
-                                                                                              dh_last, dfinal_angle, g);
-  return launch_error("mamba3 backward");
+  // 16 warps where the state is large (N 64: 7.7 against 8.3 ms at batch 64 x 1024 with 8; N 128: 21.5 against
+  // 28.0); at N 32 the 8-warp CTA's shorter phases win (8.6 against 11.5). bench/mamba3_bench, H200.
+  if constexpr (N >= 64)
+    return backward_pn_th<P, N, 512>(s, in, cps, dy, dh_last, dfinal_angle, g, stream);
+  else
+    return backward_pn_th<P, N, 256>(s, in, cps, dy, dh_last, dfinal_angle, g, stream);
 }
 
 std::string check(const Mamba3Shape& s) {
