@@ -1,7 +1,7 @@
 // The decode step's fused CUDA kernels against the tensor ops they replace and plain float64 loops: the rotary
 // embedding + QK-norm (ops/rotary_norm.h), the MoE routing and the assignments' order by expert (ops/moe_route.h),
-// the residual mix (ops/residual_mix.h) and the routed experts read in place (ops/gathered_linear.h). Each runs only on
-// a CUDA device; the CPU build keeps the tensor ops.
+// the residual mix (ops/residual_mix.h, also its training form) and the routed experts read in place
+// (ops/gathered_linear.h). Each runs only on a CUDA device; the CPU build keeps the tensor ops.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -212,6 +212,47 @@ TEST(DecodeFusionsCuda, ResidualMixEqualsTheTensorOpsBitForBit) {
       for (int64_t i = 0; i < n; i += 97)
         ASSERT_NEAR(gs[i], ls[0] * xs[i] + ls[1] * x0s[i], dt == torch::kFloat ? 1e-5 : 3e-2) << dt << " " << i;
     }
+  }
+}
+
+// Training's mix (an FP32 stream, the block output in BF16 or FP32, the lambdas as parameters) runs one kernel each
+// way: the output and the gradients of x, y and x0 equal the tensor ops' bit for bit (the same roundings), and the
+// lambdas' gradients, sums over every element, equal float64 sums.
+TEST(DecodeFusionsCuda, ResidualMixTrainsWithTheTensorOpsGradients) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(16);
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat);
+  for (auto ydt : {torch::kBFloat16, torch::kFloat, torch::kFloat64}) {  // kFloat64: no y (the first layer)
+    const bool with_y = ydt != torch::kFloat64;
+    const int64_t b = 3, t = 257, d = 96;  // odd lengths; more elements than one block's stride
+    const auto x = torch::randn({b, t, d}, f32).requires_grad_(true);
+    const auto x0 = torch::randn({b, t, d}, f32).requires_grad_(true);
+    const auto y = with_y ? torch::randn({b, t, d}, f32).to(ydt).requires_grad_(true) : torch::Tensor();
+    const auto lambdas = torch::tensor({1.13, 0.17}, f32).requires_grad_(true);
+    const auto up = torch::randn({b, t, d}, f32);
+    auto out = ops::residual_mix(x, y, lambdas[0], x0, lambdas[1]);
+    ASSERT_NE(out.grad_fn()->name().find("FusedResidualMix"), std::string::npos) << out.grad_fn()->name();
+    std::vector<torch::Tensor> inputs = {x, x0, lambdas};
+    if (with_y) inputs.push_back(y);
+    const auto got = torch::autograd::grad({out}, inputs, {up});
+    const auto want_out = with_y ? lambdas[0] * (x + y) + lambdas[1] * x0 : lambdas[0] * x + lambdas[1] * x0;
+    const auto want = torch::autograd::grad({want_out}, inputs, {up});
+    EXPECT_TRUE(torch::equal(out, want_out)) << ydt;
+    EXPECT_TRUE(torch::equal(got[0], want[0])) << "dx " << ydt;
+    EXPECT_TRUE(torch::equal(got[1], want[1])) << "dx0 " << ydt;
+    if (with_y) {
+      EXPECT_EQ(got[3].scalar_type(), ydt);
+      EXPECT_TRUE(torch::equal(got[3], want[3])) << "dy " << ydt;
+    }
+    // The lambdas' gradients: float64 sums of the upstream gradient times x (+ y) and times x0.
+    auto f64 = [](const torch::Tensor& v) { return v.detach().cpu().to(torch::kDouble); };
+    const auto s = with_y ? f64(x) + f64(y) : f64(x);
+    const double dr = (f64(up) * s).sum().item<double>(), db = (f64(up) * f64(x0)).sum().item<double>();
+    const auto dl = host(got[2]);
+    // FP32 partial sums of ~74k unit-scale products: a few 1e-3 at most; one element left out would move them by ~1.
+    const double tol = 1e-4 * std::sqrt(static_cast<double>(b * t * d));
+    EXPECT_NEAR(dl[0], dr, tol) << ydt;
+    EXPECT_NEAR(dl[1], db, tol) << ydt;
   }
 }
 

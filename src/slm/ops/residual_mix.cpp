@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/grad_mode.h>
+#include <torch/torch.h>
 
 #include <algorithm>
 
@@ -17,6 +18,67 @@
 #endif
 
 namespace slm::ops {
+
+#ifdef SLM_WITH_CUDA
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Training's mix, an FP32 stream with y in its own type: one kernel forward, one backward (the tensor ops take four
+// forward and about ten backward, with an FP32 copy of x + y kept for r's gradient; this keeps x and y themselves).
+// Without a previous layer's output y is an empty tensor (autograd's custom functions take no undefined inputs).
+class FusedResidualMix : public torch::autograd::Function<FusedResidualMix> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y, const at::Tensor& r,
+                            const at::Tensor& x0, const at::Tensor& b) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    auto out = at::empty_like(x);
+    const bool has_y = y.numel() > 0;
+    const auto ydt = decode_dtype(y.scalar_type());
+    const std::string err =
+        cuda::residual_mix_train(ydt, x.data_ptr<float>(), has_y ? y.data_ptr() : nullptr, r.data_ptr<float>(),
+                                 x0.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), x.numel(),
+                                 c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+    if (!err.empty()) throw Error("residual_mix: " + err);
+    ctx->save_for_backward({x, y, r, x0, b});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &y = saved[1], &r = saved[2], &x0 = saved[3], &b = saved[4];
+    const c10::cuda::CUDAGuard guard(x.device());
+    const auto g = grads[0].to(at::kFloat).contiguous();
+    const bool has_y = y.numel() > 0;
+    auto gx = at::empty_like(x), gx0 = at::empty_like(x0);
+    auto gy = has_y ? at::empty_like(y) : at::Tensor();
+    auto partials = at::empty({cuda::residual_mix_backward_blocks(x.numel()), 2}, x.options());
+    const auto ydt = decode_dtype(y.scalar_type());
+    const std::string err = cuda::residual_mix_backward(
+        ydt, g.data_ptr<float>(), x.data_ptr<float>(), has_y ? y.data_ptr() : nullptr, r.data_ptr<float>(),
+        x0.data_ptr<float>(), b.data_ptr<float>(), gx.data_ptr<float>(), has_y ? gy.data_ptr() : nullptr,
+        gx0.data_ptr<float>(), partials.data_ptr<float>(), x.numel(),
+        c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+    if (!err.empty()) throw Error("residual_mix backward: " + err);
+    const auto sums = partials.sum(0);
+    return {gx, gy, sums[0].reshape(r.sizes()), gx0, sums[1].reshape(b.sizes())};
+  }
+};
+
+bool train_fusable(const at::Tensor& x, const at::Tensor& y, const at::Tensor& r, const at::Tensor& x0,
+                   const at::Tensor& b) {
+  auto fp32_on = [&](const at::Tensor& t) {
+    return t.scalar_type() == at::kFloat && t.device() == x.device() && t.is_contiguous();
+  };
+  return fused_kernels_enabled() && x.is_cuda() && x.numel() > 0 && fp32_on(x) && fp32_on(x0) &&
+         x0.sizes() == x.sizes() && fp32_on(r) && fp32_on(b) && r.numel() == 1 && b.numel() == 1 &&
+         (!y.defined() || (decode_dtype_supported(y.scalar_type()) && y.device() == x.device() &&
+                           y.sizes() == x.sizes() && y.is_contiguous()));
+}
+
+}  // namespace
+#endif
 
 at::Tensor residual_mix(const at::Tensor& x, const at::Tensor& y, const at::Tensor& r, const at::Tensor& x0,
                         const at::Tensor& b) {
@@ -39,6 +101,8 @@ at::Tensor residual_mix(const at::Tensor& x, const at::Tensor& y, const at::Tens
     if (!err.empty()) throw Error("residual_mix: " + err);
     return out;
   }
+  if (grad && train_fusable(x, y, r, x0, b))
+    return FusedResidualMix::apply(x, y.defined() ? y : at::empty({0}, x.options()), r, x0, b);
 #endif
   return y.defined() ? r * (x + y) + b * x0 : r * x + b * x0;
 }

@@ -2,7 +2,9 @@
 // The residual stream's per-layer mix, r * (x + y) + b * x0 with r and b 0-dim tensors (HybridLM's resid and x0
 // lambdas) and y the previous layer's output (undefined: r * x + b * x0).
 // Without a gradient, on CUDA, with everything in one dtype, one kernel (cuda/residual_mix_kernel.cu) that rounds as
-// the tensor ops do and so equals them bit for bit; elsewhere those ops.
+// the tensor ops do and so equals them bit for bit. With a gradient, on CUDA, for training's FP32 stream (x, x0, r, b
+// in FP32, contiguous; y in any of FP32/BF16/FP16), one kernel forward and one backward with the tensor ops' values
+// and gradients (r's and b's summed in another order). Elsewhere those ops.
 #include <ATen/core/Tensor.h>
 
 #include <utility>

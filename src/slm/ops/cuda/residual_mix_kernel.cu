@@ -14,8 +14,9 @@ namespace slm::ops::cuda {
 
 namespace {
 
-template <class T>
-__global__ void residual_mix_kernel(const T* __restrict__ x, const T* __restrict__ y, const T* __restrict__ r,
+// Ty: y's type, which training (an FP32 stream, BF16 block outputs under autocast) may give apart from the others'.
+template <class T, class Ty = T>
+__global__ void residual_mix_kernel(const T* __restrict__ x, const Ty* __restrict__ y, const T* __restrict__ r,
                                     const T* __restrict__ x0, const T* __restrict__ b, T* __restrict__ out, int64_t n) {
   const float rv = load(r), bv = load(b);
   const T* tag = nullptr;
@@ -27,16 +28,54 @@ __global__ void residual_mix_kernel(const T* __restrict__ x, const T* __restrict
   }
 }
 
-template <class T>
+template <class T, class Ty = T>
 std::string launch(const void* x, const void* y, const void* r, const void* x0, const void* b, void* out, int64_t n,
                    cudaStream_t stream) {
   constexpr int kThreads = 256;
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
-  residual_mix_kernel<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const T*>(y),
-                                                          static_cast<const T*>(r), static_cast<const T*>(x0),
-                                                          static_cast<const T*>(b), static_cast<T*>(out), n);
+  residual_mix_kernel<T, Ty><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(x), static_cast<const Ty*>(y),
+                                                              static_cast<const T*>(r), static_cast<const T*>(x0),
+                                                              static_cast<const T*>(b), static_cast<T*>(out), n);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("residual mix kernel: ") + cudaGetErrorString(e);
+}
+
+constexpr int kBackwardThreads = 256;
+
+// The mix's gradients for an FP32 stream: gx = r g, gy = r g rounded to y's type, gx0 = b g (the products the tensor
+// ops' backward forms), and per block the partial sums of g (x + y) and g x0 (r's and b's gradients, summed by the
+// caller: a fixed grid, so the sums do not depend on timing).
+template <class Ty>
+__global__ void __launch_bounds__(kBackwardThreads)
+    residual_mix_backward_kernel(const float* __restrict__ g, const float* __restrict__ x, const Ty* __restrict__ y,
+                                 const float* __restrict__ r, const float* __restrict__ x0, const float* __restrict__ b,
+                                 float* __restrict__ gx, Ty* __restrict__ gy, float* __restrict__ gx0,
+                                 float* __restrict__ partials, int64_t n) {
+  const float rv = *r, bv = *b;
+  float sr = 0.f, sb = 0.f;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float gv = g[i], xv = y ? __fadd_rn(x[i], load(y + i)) : x[i], rg = __fmul_rn(rv, gv);
+    gx[i] = rg;
+    if (y) store(gy + i, rg);
+    gx0[i] = __fmul_rn(bv, gv);
+    sr = fmaf(gv, xv, sr);
+    sb = fmaf(gv, x0[i], sb);
+  }
+  __shared__ float warp_sums[kBackwardThreads / 32][2];
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) {
+    sr += __shfl_xor_sync(0xffffffffu, sr, o);
+    sb += __shfl_xor_sync(0xffffffffu, sb, o);
+  }
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32][0] = sr, warp_sums[threadIdx.x / 32][1] = sb;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float a = 0.f, c = 0.f;
+    for (int w = 0; w < kBackwardThreads / 32; ++w) a += warp_sums[w][0], c += warp_sums[w][1];
+    partials[2 * blockIdx.x] = a;
+    partials[2 * blockIdx.x + 1] = c;
+  }
 }
 
 // One thread per (row, column): the n streams' sums, then their mean.
@@ -97,6 +136,45 @@ std::string residual_mix(DecodeDtype dtype, const void* x, const void* y, const 
     case DecodeDtype::kHalf: return launch<__half>(x, y, r, x0, b, out, n, s);
   }
   return "residual mix kernel: unknown dtype";
+}
+
+std::string residual_mix_train(DecodeDtype y_dtype, const float* x, const void* y, const float* r, const float* x0,
+                               const float* b, float* out, int64_t n, void* stream) {
+  if (n == 0) return "";
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (y_dtype) {
+    case DecodeDtype::kFloat: return launch<float, float>(x, y, r, x0, b, out, n, s);
+    case DecodeDtype::kBFloat16: return launch<float, __nv_bfloat16>(x, y, r, x0, b, out, n, s);
+    case DecodeDtype::kHalf: return launch<float, __half>(x, y, r, x0, b, out, n, s);
+  }
+  return "residual mix kernel: unknown dtype";
+}
+
+int64_t residual_mix_backward_blocks(int64_t n) {
+  return std::max<int64_t>(1, std::min<int64_t>((n + kBackwardThreads - 1) / kBackwardThreads, 1024));
+}
+
+std::string residual_mix_backward(DecodeDtype y_dtype, const float* g, const float* x, const void* y, const float* r,
+                                  const float* x0, const float* b, float* gx, void* gy, float* gx0, float* partials,
+                                  int64_t n, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto blocks = static_cast<unsigned>(residual_mix_backward_blocks(n));
+  switch (y_dtype) {
+    case DecodeDtype::kFloat:
+      residual_mix_backward_kernel<float><<<blocks, kBackwardThreads, 0, s>>>(
+          g, x, static_cast<const float*>(y), r, x0, b, gx, static_cast<float*>(gy), gx0, partials, n);
+      break;
+    case DecodeDtype::kBFloat16:
+      residual_mix_backward_kernel<__nv_bfloat16><<<blocks, kBackwardThreads, 0, s>>>(
+          g, x, static_cast<const __nv_bfloat16*>(y), r, x0, b, gx, static_cast<__nv_bfloat16*>(gy), gx0, partials, n);
+      break;
+    case DecodeDtype::kHalf:
+      residual_mix_backward_kernel<__half><<<blocks, kBackwardThreads, 0, s>>>(
+          g, x, static_cast<const __half*>(y), r, x0, b, gx, static_cast<__half*>(gy), gx0, partials, n);
+      break;
+  }
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? "" : std::string("residual mix backward kernel: ") + cudaGetErrorString(e);
 }
 
 }  // namespace slm::ops::cuda

@@ -14,6 +14,17 @@ namespace slm::ops::cuda {
 std::string residual_mix(DecodeDtype dtype, const void* x, const void* y, const void* r, const void* x0, const void* b,
                          void* out, int64_t n, void* stream);
 
+// Training (an FP32 stream under BF16 autocast): the same mix with x, x0, r, b and out in FP32 and y in y_dtype (the
+// block output's type) or null; the sum is formed in FP32 as the tensor ops promote it.
+std::string residual_mix_train(DecodeDtype y_dtype, const float* x, const void* y, const float* r, const float* x0,
+                               const float* b, float* out, int64_t n, void* stream);
+// Its backward from the output gradient g: gx = r g, gy = r g in y_dtype (not written without y), gx0 = b g, and
+// partials [residual_mix_backward_blocks(n)][2] whose column sums are r's gradient, sum g (x + y), and b's, sum g x0.
+int64_t residual_mix_backward_blocks(int64_t n);
+std::string residual_mix_backward(DecodeDtype y_dtype, const float* g, const float* x, const void* y, const float* r,
+                                  const float* x0, const float* b, float* gx, void* gy, float* gx0, float* partials,
+                                  int64_t n, void* stream);
+
 // out[r, i, j] = x[r, i, j] + y[r, j] for i < n (rounded to the dtype), mean[r, j] = (sum over i of out[r, i, j], in
 // FP32) * (1/n in FP32), rounded; x, out [rows, n, d] and y, mean [rows, d] contiguous, one dtype.
 std::string stream_add_mean(DecodeDtype dtype, const void* x, const void* y, void* out, void* mean, int64_t rows,
