@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "slm/ops/gathered_linear.h"
+#include "slm/ops/moe_combine.h"
 #include "slm/ops/moe_route.h"
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/util/error.h"
@@ -102,6 +103,7 @@ ByExpert sort_by_expert(const torch::Tensor& experts, int64_t num_experts) {
 // Scales the expert outputs ys [N*k, D] (in sorted order) by their gates and sums them back per token, in the
 // dtype the experts computed in (bf16 under autocast, where u may still be fp32).
 torch::Tensor combine(const torch::Tensor& ys, const ByExpert& s, const Routing& routing, int64_t tokens) {
+  if (ops::moe_combine_fusable(ys, s.inv, routing.weights)) return ops::moe_combine(ys, s.inv, routing.weights);
   auto per_token = PermuteRows::apply(ys, s.inv, s.order).view({tokens, s.k, ys.size(1)});
   // Autocast would run the sum in FP32 (and return FP32); the experts' dtype is kept, as the products were.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
