@@ -62,7 +62,7 @@ void Profiler::start(bool cuda) {
   cuda_ = cuda;
   std::set<ActivityType> activities = {ActivityType::CPU};
   if (cuda) activities.insert(ActivityType::CUDA);
-  const ProfilerConfig config(ProfilerState::KINETO);
+  const ProfilerConfig config(ProfilerState::KINETO, /*report_input_shapes=*/true);  // shapes name the ops in the trace
   prof::prepareProfiler(config, activities);
   if (cuda) torch::cuda::synchronize();
   prof::enableProfiler(config, activities);
