@@ -34,6 +34,11 @@ PY
     --steps "$steps" --batch "$BATCH" --seq-len 1024 --warmup 2 --eval-every 0 --checkpoint-every 0 --log-every 1 \
     --profile-steps "$PROFILE" \
     > "$work/$pattern.log" 2>&1 || { echo "| $pattern | $BATCH | failed: $(tail -1 "$work/$pattern.log") | | |"; continue; }
+  # The trace is copied before anything is printed: a reader that stops early (| head) ends the script on SIGPIPE.
+  if [[ -n ${TRACE_DIR:-} && -f $work/run-$pattern/profile/trace.json ]]; then
+    mkdir -p "$TRACE_DIR"
+    cp "$work/run-$pattern/profile/trace.json" "$TRACE_DIR/$pattern-b$BATCH.json"
+  fi
   python3 - "$pattern" "$work/run-$pattern/metrics.jsonl" "$PROFILE" "$BATCH" <<'PY'
 import json, sys
 rows = [r for r in map(json.loads, open(sys.argv[2])) if "tokens_per_s" in r]
@@ -47,8 +52,4 @@ done
 for pattern in $VARIANTS; do
   f=$work/run-$pattern/profile/summary.txt
   if [[ -f $f ]]; then echo; echo "### $pattern"; cat "$f"; fi
-  if [[ -n ${TRACE_DIR:-} && -f $work/run-$pattern/profile/trace.json ]]; then
-    mkdir -p "$TRACE_DIR"
-    cp "$work/run-$pattern/profile/trace.json" "$TRACE_DIR/$pattern-b$BATCH.json"
-  fi
 done
