@@ -1,8 +1,12 @@
 #pragma once
 // Loads, stores and rounding of one FP32/BF16/FP16 element, for the fused kernels that compute in FP32 and round to
-// the tensor's dtype where the tensor ops they replace round (rotary_norm_kernel.cu, residual_mix_kernel.cu).
+// the tensor's dtype where the tensor ops they replace round (rotary_norm_kernel.cu, residual_mix_kernel.cu, ...).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "slm/ops/cuda/decode_attention_kernels.h"
 
 namespace slm::ops::cuda {
 
@@ -36,5 +40,21 @@ __device__ __forceinline__ void store(__nv_bfloat16* p, float v) {
 __device__ __forceinline__ void store(__half* p, float v) {
   *p = __float2half(v);
 }
+
+// Host side: f(tag) with tag a null const T* for dtype's element type T (float, __nv_bfloat16 or __half), so that a
+// launcher names its kernel template once instead of once per case of a switch.
+template <class F>
+auto with_element_type(DecodeDtype dtype, F&& f) {
+  switch (dtype) {
+    case DecodeDtype::kBFloat16: return f(static_cast<const __nv_bfloat16*>(nullptr));
+    case DecodeDtype::kHalf: return f(static_cast<const __half*>(nullptr));
+    case DecodeDtype::kFloat: break;
+  }
+  return f(static_cast<const float*>(nullptr));
+}
+
+// The element type behind such a tag.
+template <class Tag>
+using TagType = std::remove_const_t<std::remove_pointer_t<Tag>>;
 
 }  // namespace slm::ops::cuda

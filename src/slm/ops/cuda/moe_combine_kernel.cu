@@ -19,6 +19,16 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
+// Token n's k assignments: the offset of each one's row in ys and its gate rounded to T (as the tensor ops cast it).
+template <class T>
+__device__ __forceinline__ void token_slots(const int64_t* inv, const float* w, int64_t n, int k, int64_t d,
+                                            int64_t (&row)[kMoeCombineMaxK], float (&gate)[kMoeCombineMaxK]) {
+  const T* tag = nullptr;
+#pragma unroll
+  for (int j = 0; j < kMoeCombineMaxK; ++j)
+    if (j < k) row[j] = inv[n * k + j] * d, gate[j] = round_to(w[n * k + j], tag);
+}
+
 template <class T>
 struct Vec {
   static constexpr int kSize = 16 / sizeof(T);  // elements per 16-byte load
@@ -48,9 +58,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (n >= tokens) return;
   int64_t row[kMoeCombineMaxK];
   float gate[kMoeCombineMaxK];
-#pragma unroll
-  for (int j = 0; j < kMoeCombineMaxK; ++j)
-    if (j < k) row[j] = inv[n * k + j] * d, gate[j] = round_to(w[n * k + j], tag);
+  token_slots<T>(inv, w, n, k, d, row, gate);
   for (int64_t c = static_cast<int64_t>(lane) * V; c < d; c += 32 * V) {
     float acc[V] = {};
 #pragma unroll
@@ -73,17 +81,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
                             const float* __restrict__ w, T* __restrict__ dys, float* __restrict__ dw, int64_t tokens,
                             int k, int64_t d) {
   constexpr int V = Vec<T>::kSize;
-  const T* tag = nullptr;
   const int lane = threadIdx.x % 32;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   if (n >= tokens) return;
   int64_t row[kMoeCombineMaxK];
-  float gate[kMoeCombineMaxK], dot[kMoeCombineMaxK];
-#pragma unroll
-  for (int j = 0; j < kMoeCombineMaxK; ++j) {
-    dot[j] = 0.f;
-    if (j < k) row[j] = inv[n * k + j] * d, gate[j] = round_to(w[n * k + j], tag);
-  }
+  float gate[kMoeCombineMaxK], dot[kMoeCombineMaxK] = {};
+  token_slots<T>(inv, w, n, k, d, row, gate);
   for (int64_t c = static_cast<int64_t>(lane) * V; c < d; c += 32 * V) {
     const Vec<T> gv = load_vec(g + n * d + c);
 #pragma unroll

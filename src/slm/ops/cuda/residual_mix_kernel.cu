@@ -116,38 +116,26 @@ std::string stream_add_mean(DecodeDtype dtype, const void* x, const void* y, voi
                             int64_t n, int64_t d, void* stream) {
   if (rows == 0 || d == 0 || n == 0) return "";
   if (n > 1024) return "stream add-mean kernel: too many streams";
-  const auto s = static_cast<cudaStream_t>(stream);
-  const int ni = static_cast<int>(n);
-  switch (dtype) {
-    case DecodeDtype::kFloat: return launch_add_mean<float>(x, y, out, mean, rows, ni, d, s);
-    case DecodeDtype::kBFloat16: return launch_add_mean<__nv_bfloat16>(x, y, out, mean, rows, ni, d, s);
-    case DecodeDtype::kHalf: return launch_add_mean<__half>(x, y, out, mean, rows, ni, d, s);
-  }
-  return "stream add-mean kernel: unknown dtype";
+  return with_element_type(dtype, [&](auto tag) {
+    return launch_add_mean<TagType<decltype(tag)>>(x, y, out, mean, rows, static_cast<int>(n), d,
+                                                   static_cast<cudaStream_t>(stream));
+  });
 }
 
 std::string residual_mix(DecodeDtype dtype, const void* x, const void* y, const void* r, const void* x0, const void* b,
                          void* out, int64_t n, void* stream) {
   if (n == 0) return "";
-  const auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DecodeDtype::kFloat: return launch<float>(x, y, r, x0, b, out, n, s);
-    case DecodeDtype::kBFloat16: return launch<__nv_bfloat16>(x, y, r, x0, b, out, n, s);
-    case DecodeDtype::kHalf: return launch<__half>(x, y, r, x0, b, out, n, s);
-  }
-  return "residual mix kernel: unknown dtype";
+  return with_element_type(dtype, [&](auto tag) {
+    return launch<TagType<decltype(tag)>>(x, y, r, x0, b, out, n, static_cast<cudaStream_t>(stream));
+  });
 }
 
 std::string residual_mix_train(DecodeDtype y_dtype, const float* x, const void* y, const float* r, const float* x0,
                                const float* b, float* out, int64_t n, void* stream) {
   if (n == 0) return "";
-  const auto s = static_cast<cudaStream_t>(stream);
-  switch (y_dtype) {
-    case DecodeDtype::kFloat: return launch<float, float>(x, y, r, x0, b, out, n, s);
-    case DecodeDtype::kBFloat16: return launch<float, __nv_bfloat16>(x, y, r, x0, b, out, n, s);
-    case DecodeDtype::kHalf: return launch<float, __half>(x, y, r, x0, b, out, n, s);
-  }
-  return "residual mix kernel: unknown dtype";
+  return with_element_type(y_dtype, [&](auto tag) {
+    return launch<float, TagType<decltype(tag)>>(x, y, r, x0, b, out, n, static_cast<cudaStream_t>(stream));
+  });
 }
 
 int64_t residual_mix_backward_blocks(int64_t n) {
@@ -157,22 +145,12 @@ int64_t residual_mix_backward_blocks(int64_t n) {
 std::string residual_mix_backward(DecodeDtype y_dtype, const float* g, const float* x, const void* y, const float* r,
                                   const float* x0, const float* b, float* gx, void* gy, float* gx0, float* partials,
                                   int64_t n, void* stream) {
-  const auto s = static_cast<cudaStream_t>(stream);
   const auto blocks = static_cast<unsigned>(residual_mix_backward_blocks(n));
-  switch (y_dtype) {
-    case DecodeDtype::kFloat:
-      residual_mix_backward_kernel<float><<<blocks, kBackwardThreads, 0, s>>>(
-          g, x, static_cast<const float*>(y), r, x0, b, gx, static_cast<float*>(gy), gx0, partials, n);
-      break;
-    case DecodeDtype::kBFloat16:
-      residual_mix_backward_kernel<__nv_bfloat16><<<blocks, kBackwardThreads, 0, s>>>(
-          g, x, static_cast<const __nv_bfloat16*>(y), r, x0, b, gx, static_cast<__nv_bfloat16*>(gy), gx0, partials, n);
-      break;
-    case DecodeDtype::kHalf:
-      residual_mix_backward_kernel<__half><<<blocks, kBackwardThreads, 0, s>>>(
-          g, x, static_cast<const __half*>(y), r, x0, b, gx, static_cast<__half*>(gy), gx0, partials, n);
-      break;
-  }
+  with_element_type(y_dtype, [&](auto tag) {
+    using Ty = TagType<decltype(tag)>;
+    residual_mix_backward_kernel<Ty><<<blocks, kBackwardThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        g, x, static_cast<const Ty*>(y), r, x0, b, gx, static_cast<Ty*>(gy), gx0, partials, n);
+  });
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? "" : std::string("residual mix backward kernel: ") + cudaGetErrorString(e);
 }
