@@ -276,6 +276,9 @@ TEST(Nvfp4Encode, RandomTensorsMatchTheFloat64ReferenceIncludingRaggedShapes) {
 }
 
 TEST(Nvfp4Encode, BFloat16AndHalfInputsKeepTheirDtypeTag) {
+  // Seeded: libtorch seeds its default generator per process, and on a few unseeded draws (about 1 in 150) this small
+  // tensor's 12 blocks hold 2 near-ties, past the reference check's statistical allowance.
+  torch::manual_seed(12);
   torch::Tensor x = torch::randn({4, 40}).to(torch::kBFloat16);
   nv::QTensor q = nv::quantize(x);
   EXPECT_EQ(q.dtype, torch::kBFloat16);
@@ -287,6 +290,7 @@ TEST(Nvfp4Encode, BFloat16AndHalfInputsKeepTheirDtypeTag) {
 }
 
 TEST(Nvfp4Encode, StackedExpertsGetOneTensorScalePerMatrix) {
+  torch::manual_seed(13);  // as above: a fixed draw for the reference check's near-tie allowance
   torch::Tensor x = torch::randn({3, 4, 32});
   x[0] *= 1e-3;
   x[2] *= 50;
