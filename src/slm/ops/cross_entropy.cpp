@@ -2,6 +2,7 @@
 
 #include <torch/torch.h>
 
+#include "slm/ops/fused_kernels.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
 
@@ -21,10 +22,6 @@ using torch::autograd::variable_list;
 
 cuda::LogitType logit_type(const at::Tensor& x) {
   return x.scalar_type() == at::kBFloat16 ? cuda::LogitType::kBFloat16 : cuda::LogitType::kFloat;
-}
-
-void check_launch(const std::string& error) {
-  if (!error.empty()) throw Error(error);
 }
 
 class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {

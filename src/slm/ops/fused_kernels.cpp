@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include "slm/util/error.h"
+
 namespace slm::ops {
 
 namespace {
@@ -13,6 +15,10 @@ bool fused_kernels_enabled() {
 }
 void set_fused_kernels(bool on) {
   enabled.store(on, std::memory_order_relaxed);
+}
+
+void check_launch(const std::string& error) {
+  if (!error.empty()) throw Error(error);
 }
 
 }  // namespace slm::ops

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "slm/ops/fused_kernels.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
 
@@ -125,10 +126,6 @@ cuda::M2rnnShape fused_shape(const at::Tensor& q, const at::Tensor& v, int64_t e
 }
 
 const float* ptr_or_null(const at::Tensor& t) { return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr; }
-
-void check_launch(const std::string& error) {
-  if (!error.empty()) throw Error(error);
-}
 
 // The same scan as CheckpointedScan through the fused kernels of ops/cuda/m2rnn_scan_kernels.cu, in FP32.
 class FusedScan : public torch::autograd::Function<FusedScan> {

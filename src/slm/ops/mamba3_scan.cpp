@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "slm/ops/fused_kernels.h"
 #include "slm/ops/mamba3_step_cpu.h"
 #include "slm/ops/rms_norm.h"
 #include "slm/util/error.h"
@@ -360,10 +361,6 @@ using torch::autograd::variable_list;
 
 const float* ptr_or_null(const at::Tensor& t) {
   return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr;
-}
-
-void check_launch(const std::string& error) {
-  if (!error.empty()) throw Error(error);
 }
 
 // x [B, T, H, P], bn [B, T, G, N] and theta [B, T, S] give the kernels' shape.

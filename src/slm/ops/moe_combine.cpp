@@ -21,10 +21,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-void check_launch(const std::string& error) {
-  if (!error.empty()) throw Error(error);
-}
-
 class FusedMoeCombine : public torch::autograd::Function<FusedMoeCombine> {
  public:
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& ys, const at::Tensor& inv, const at::Tensor& w) {
