@@ -11,6 +11,8 @@
 #include <tuple>
 #include <vector>
 
+#include "slm/model/documents.h"
+#include "slm/model/layers/attention.h"
 #include "slm/model/layers/moe.h"
 #include "slm/model/layers/rope.h"
 #include "slm/ops/fused_kernels.h"
@@ -21,6 +23,7 @@
 #include "slm/ops/rotary_norm.h"
 #include "slm/quant/nvfp4.h"
 #include "slm/quant/nvfp4_linear.h"
+#include "slm/recipe/plan.h"
 #include "test_util.h"
 
 using namespace slm;
@@ -253,6 +256,142 @@ TEST(DecodeFusionsCuda, ResidualMixTrainsWithTheTensorOpsGradients) {
     const double tol = 1e-4 * std::sqrt(static_cast<double>(b * t * d));
     EXPECT_NEAR(dl[0], dr, tol) << ydt;
     EXPECT_NEAR(dl[1], db, tol) << ydt;
+  }
+}
+
+// Training's rotation + QK-norm (ops::rotary_norm_train), one kernel each way, against a float64 reference written
+// as tensor ops (the rotated halves' cat, the norm's formula) over the same tables: the output and the gradients of x
+// and the weight, in BF16 and FP32, without a weight, with an FP32 one and (BF16) with one in x's dtype; positions
+// from ids [B, T] that restart within a row, from ids [1, T], or the run from start > 0. dim 96 (48 pairs: not a
+// warp's multiple) on tokens that fill no whole CTA (8 tokens, a warp each), dim 16 (fewer pairs than lanes), and
+// dim 128 on more tokens than the backward's fixed grid (1024 CTAs) covers in one pass. The rotation alone equals
+// model::Rope bit for bit.
+TEST(DecodeFusionsCuda, RotaryNormTrainsWithTheTensorOpsGradients) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  torch::manual_seed(21);
+  const auto dev = torch::Device(torch::kCUDA);
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(dev);
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(dev);
+  enum class Ids { kNone, kRestarting, kShared };
+  struct Case {
+    int64_t b, t, heads, dim;
+    Ids ids;
+    int64_t start;
+  };
+  for (const Case c : {Case{2, 37, 3, 96, Ids::kRestarting, 0}, Case{3, 5, 2, 16, Ids::kShared, 0},
+                       Case{3, 3000, 2, 128, Ids::kNone, 7}, Case{1, 9, 5, 96, Ids::kNone, 300}}) {
+    const double eps = 1e-6;
+    const int64_t half = c.dim / 2;
+    const model::Rope rope(c.dim, 10000.0);
+    torch::Tensor ids;  // row 0: documents of 20 and t - 20 tokens; row 1: one of t
+    if (c.ids == Ids::kRestarting)
+      ids = torch::stack({torch::cat({torch::arange(20, i64), torch::arange(c.t - 20, i64)}), torch::arange(c.t, i64)});
+    if (c.ids == Ids::kShared) ids = (torch::arange(c.t, i64) % 3).view({1, c.t});
+    const model::RotaryPositions pos{c.start, ids, ids.defined() ? c.t : c.start + c.t};
+    for (auto dt : {torch::kBFloat16, torch::kFloat}) {
+      const auto [cos, sin] = rope.tables(dev, dt, pos.end);
+      // The tables' rows at each token's position, in float64: [B or 1, T, 1, half].
+      auto rows = [&](const torch::Tensor& table) {
+        const auto t64 = table.to(torch::kDouble);
+        return ids.defined() ? t64.index_select(0, ids.reshape({-1})).view({-1, c.t, 1, half})
+                             : t64.narrow(0, c.start, c.t).view({1, c.t, 1, half});
+      };
+      const auto cd = rows(cos), sd = rows(sin);
+      for (int wkind : {0, 1, 2}) {  // none, FP32, x's dtype
+        if (wkind == 2 && dt == torch::kFloat) continue;
+        const std::string what = std::string(c10::toString(dt)) + " dim " + std::to_string(c.dim) + " weight " +
+                                 std::to_string(wkind) + " rows " + std::to_string(c.b * c.t * c.heads);
+        const auto x = (torch::randn({c.b, c.t, c.heads, c.dim}, f64) * 1.5).to(dt).requires_grad_(true);
+        torch::Tensor w;
+        if (wkind > 0) w = (torch::rand({c.dim}, f64) + 0.5).to(wkind == 1 ? torch::kFloat : dt).requires_grad_(true);
+        ASSERT_TRUE(ops::rotary_norm_train_fusable(x, w)) << what;
+        const auto out = ops::rotary_norm_train(x, ids, c.start, cos, sin, w, eps);
+        ASSERT_EQ(out.scalar_type(), dt) << what;
+        ASSERT_EQ(out.sizes(), x.sizes()) << what;
+        ASSERT_TRUE(out.grad_fn()) << what;
+        ASSERT_NE(out.grad_fn()->name().find("FusedRotaryNorm"), std::string::npos) << out.grad_fn()->name();
+        if (wkind == 0) {
+          torch::NoGradGuard no_grad;
+          EXPECT_TRUE(torch::equal(out, rope(x, pos))) << what;
+        }
+        const auto up = torch::randn(x.sizes(), f64).to(dt);
+        std::vector<torch::Tensor> inputs = {x};
+        if (w.defined()) inputs.push_back(w);
+        const auto got = torch::autograd::grad({out}, inputs, {up});
+
+        const auto xd = x.detach().to(torch::kDouble).requires_grad_(true);
+        const auto wd = w.defined() ? w.detach().to(torch::kDouble).requires_grad_(true) : torch::Tensor();
+        const auto x1 = xd.narrow(3, 0, half), x2 = xd.narrow(3, half, half);
+        const auto r = torch::cat({x1 * cd - x2 * sd, x2 * cd + x1 * sd}, 3);
+        const auto want = wd.defined() ? r * torch::rsqrt(r.pow(2).mean(-1, true) + eps) * wd : r;
+        std::vector<torch::Tensor> wants = {xd};
+        if (wd.defined()) wants.push_back(wd);
+        const auto want_g = torch::autograd::grad({want}, wants, {up.to(torch::kDouble)});
+        // The largest difference relative to the largest value.
+        auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+          return (a.detach().to(torch::kDouble) - b).abs().max().item<double>() / b.abs().max().item<double>();
+        };
+        // BF16: the rotation's products and sum round to BF16 (as model::Rope), then the output rounds again: up to
+        // four roundings of 2^-9 (seen: 7e-3 on the output, 4e-3 on the gradients, which round once). FP32: roundings
+        // of FP32 sums and products (seen: 2e-7).
+        const double tol = dt == torch::kFloat ? 1e-5 : 1e-2, tol_out = dt == torch::kFloat ? 1e-5 : 1.6e-2;
+        EXPECT_LT(rel(out, want), tol_out) << what;
+        EXPECT_EQ(got[0].scalar_type(), dt) << what;
+        EXPECT_LT(rel(got[0], want_g[0]), tol) << "dx " << what;
+        if (w.defined()) {
+          EXPECT_EQ(got[1].scalar_type(), w.scalar_type()) << what;
+          EXPECT_EQ(got[1].sizes(), w.sizes()) << what;
+          EXPECT_LT(rel(got[1], want_g[1]), tol) << "dweight " << what;
+        }
+      }
+    }
+  }
+}
+
+// Through the attention layer under training: with the fused rotation + QK-norm the output and the gradients of the
+// projections and norm weights are the tensor ops' (the kernels off) to BF16 roundings, with packed documents too.
+TEST(DecodeFusionsCuda, AttentionTrainsAlikeWithTheFusedRotaryNorm) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  auto j = nlohmann::json::parse(R"({
+    "name": "a", "vocab_size": 16, "d_model": 64, "depth": 1, "pattern": "A", "seq_len": 64,
+    "attention": {"heads": 4, "kv_heads": 2, "head_dim": 32, "rope_theta": 10000}
+  })");
+  const Recipe r = parse(j);
+  const auto plan = make_plan(r);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  model::Attention attn(r, plan.layers[0], opts);
+  torch::manual_seed(5);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : attn->parameters()) p.dim() == 2 ? p.normal_(0.0, 0.2) : p.normal_(1.0, 0.1);
+  }
+  ASSERT_TRUE(attn->q_norm);
+  const auto h = torch::randn({2, 40, 64}).to(opts);
+  const auto up = torch::randn({2, 40, 64}).to(opts);
+  const auto doc_ids =
+      torch::cat({torch::zeros({1, 40}, torch::kLong),
+                  torch::cat({torch::zeros({13}, torch::kLong), torch::ones({27}, torch::kLong)}).view({1, 40})})
+          .cuda();
+  const auto docs = model::documents_from_ids(doc_ids);
+  ASSERT_TRUE(docs.has_value());
+  for (const model::Documents* d : {static_cast<const model::Documents*>(nullptr), &*docs}) {
+    std::vector<torch::Tensor> outs, grads;
+    for (bool fused : {true, false}) {
+      ops::set_fused_kernels(fused);
+      const auto out = attn->forward(h, nullptr, d);
+      const auto params = attn->parameters();
+      auto g = torch::autograd::grad({out}, params, {up});
+      outs.push_back(out.to(torch::kFloat));
+      for (auto& t : g) grads.push_back(t.to(torch::kFloat));
+    }
+    ops::set_fused_kernels(true);
+    auto rel = [](const torch::Tensor& a, const torch::Tensor& b) {
+      return (a - b).abs().max().item<double>() / std::max(b.abs().max().item<double>(), 1e-30);
+    };
+    EXPECT_LT(rel(outs[0], outs[1]), 2e-2) << (d ? "documents" : "one sequence");
+    const size_t n = grads.size() / 2;
+    for (size_t i = 0; i < n; ++i)
+      EXPECT_LT(rel(grads[i], grads[n + i]), 3e-2) << "parameter " << i << (d ? " documents" : " one sequence");
   }
 }
 

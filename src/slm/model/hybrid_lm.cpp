@@ -78,11 +78,19 @@ torch::Tensor HybridLM::canonical(const torch::Tensor& tokens) const {
   return engram_canonical_ids.index_select(0, tokens.reshape({-1})).view_as(tokens);
 }
 
-torch::Tensor HybridLM::trunk(const torch::Tensor& x0, const LayerFn& block, const LayerFn& memory) {
+torch::Tensor HybridLM::trunk(const torch::Tensor& x0, const LayerFn& block, const LayerFn& memory,
+                              const LayerFn& block_normed) {
   if (!mhc_head) {
     auto x = x0;
     torch::Tensor y;  // the last layer's output, added to x inside the next mix (one kernel on the GPU)
     for (size_t l = 0; l < layers_.size(); ++l) {
+      if (block_normed && !engram_[l]) {
+        const auto& norm = *layers_[l]->norm;
+        torch::Tensor h;
+        std::tie(x, h) = ops::residual_mix_norm(x, y, resid_lambdas[l], x0, x0_lambdas[l], norm.weight, norm.eps);
+        y = block_normed(l, h);
+        continue;
+      }
       x = ops::residual_mix(x, y, resid_lambdas[l], x0, x0_lambdas[l]);
       if (engram_[l]) x = x + memory(l, x.unsqueeze(2)).squeeze(2);
       y = block(l, x);
@@ -124,17 +132,23 @@ ModelOutput HybridLM::forward_impl(const torch::Tensor& tokens, const Documents*
     for (size_t l = 0; l < layers_.size(); ++l)
       if (engram_[l]) memory[l] = engram_[l]->lookup(engram_[l]->rows(ids, {}, pos));
   }
-  auto block = [&](size_t l, const torch::Tensor& h) {
+  // Layer l on x (normed: on h = its norm of x, which the trunk computed with the residual mix).
+  auto run_layer = [&](size_t l, const torch::Tensor& in, bool normed) {
     const LayerPlan& p = plan_.layers[l];
     const bool pure = p.letter == 'M' || p.letter == 'R' || p.letter == 'F' || (p.letter == 'A' && !p.dsa);
-    if (!recompute_ || !is_training() || !pure) return layers_[l]->forward(h, docs);
+    if (!recompute_ || !is_training() || !pure)
+      return normed ? layers_[l]->forward_normed(in, docs) : layers_[l]->forward(in, docs);
     // The rerun happens in the backward, after this call returns: the layer and the documents are held by value.
     std::shared_ptr<Layer> layer = layers_[l];
     std::optional<Documents> d = docs ? std::optional<Documents>(*docs) : std::nullopt;
-    return recompute(h, [layer, d](const torch::Tensor& in) { return layer->forward(in, d ? &*d : nullptr); });
+    return recompute(in, [layer, d, normed](const torch::Tensor& u) {
+      return normed ? layer->forward_normed(u, d ? &*d : nullptr) : layer->forward(u, d ? &*d : nullptr);
+    });
   };
-  auto x = trunk(x0, block,
-                 [&](size_t l, const torch::Tensor& s) { return engram_[l]->forward(s, memory[l], {}, pos).first; });
+  auto x = trunk(
+      x0, [&](size_t l, const torch::Tensor& u) { return run_layer(l, u, false); },
+      [&](size_t l, const torch::Tensor& s) { return engram_[l]->forward(s, memory[l], {}, pos).first; },
+      [&](size_t l, const torch::Tensor& h) { return run_layer(l, h, true); });
   return {head(final_norm(x), raw), x};
 }
 

@@ -128,8 +128,11 @@ class HybridLM : public torch::nn::Module {
  private:
   using LayerFn = std::function<torch::Tensor(size_t, const torch::Tensor&)>;
   // The residual stack from x0 [B, T, D] to the hidden [B, T, D] before final_norm. block(l, x) runs layer l on
-  // x [B, T, D]; memory(l, X) is layer l's Engram addition to X [B, T, n, D] (n = 1 without mHC).
-  torch::Tensor trunk(const torch::Tensor& x0, const LayerFn& block, const LayerFn& memory);
+  // x [B, T, D]; memory(l, X) is layer l's Engram addition to X [B, T, n, D] (n = 1 without mHC). With
+  // block_normed(l, h), layer l on its normed input h, the plain stack (no mHC) runs each layer without Engram from
+  // the mix and norm computed together (ops::residual_mix_norm), the rest through block.
+  torch::Tensor trunk(const torch::Tensor& x0, const LayerFn& block, const LayerFn& memory,
+                      const LayerFn& block_normed = nullptr);
   torch::Tensor canonical(const torch::Tensor& tokens) const;
   torch::Tensor embed_tokens(const torch::Tensor& tokens);
   // The LM head's logits in FP32 (FP64 stays FP64); raw: in the head's own dtype (BF16 under autocast), for the fused

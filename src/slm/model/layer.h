@@ -42,7 +42,11 @@ class Layer : public torch::nn::Module {
 
   // Training / evaluation over whole sequences, x [B, T, D], positions 0..T-1; docs (optional) marks the
   // documents packed into each row, each of which the layer runs as if it were alone (documents.h).
-  virtual torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) = 0;
+  torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) {
+    return forward_normed(norm(x), docs);
+  }
+  // The same from h = norm(x), which the trunk computes with the residual mix in one kernel (ops::residual_mix_norm).
+  virtual torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) = 0;
   // x [B, T, D] continues the sequence held by cache (positions cache.length()..), extending the cache.
   // Stateless layers (channel mixers) get a null cache.
   virtual torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) = 0;

@@ -6,6 +6,7 @@
 
 #include "slm/ops/gathered_linear.h"
 #include "slm/ops/rms_norm.h"
+#include "slm/ops/swiglu.h"
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
@@ -75,8 +76,7 @@ SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t hidden, const torch::TensorOptio
 }
 
 torch::Tensor swiglu_activation(const torch::Tensor& h) {
-  auto parts = h.chunk(2, -1);
-  return at::silu(parts[0]) * parts[1];
+  return ops::swiglu(h);
 }
 
 torch::Tensor SwiGLUImpl::forward(const torch::Tensor& x) {

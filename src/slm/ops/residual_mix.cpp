@@ -1,6 +1,7 @@
 #include "slm/ops/residual_mix.h"
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/torch.h>
 
@@ -8,6 +9,7 @@
 
 #include "slm/ops/decode_dtype.h"
 #include "slm/ops/fused_kernels.h"
+#include "slm/ops/rms_norm.h"
 #include "slm/util/error.h"
 
 #ifdef SLM_WITH_CUDA
@@ -66,6 +68,56 @@ class FusedResidualMix : public torch::autograd::Function<FusedResidualMix> {
   }
 };
 
+void* stream_of(const at::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+// The mix and the next layer's pre-norm in one kernel each way (residual_mix_norm). Outputs: the stream out (FP32)
+// and the normed h (in the block's dtype). Saves x, y, x0, r, b, w, out and the rows' rstd: out is the next mix's x,
+// so it is kept once.
+class FusedResidualMixNorm : public torch::autograd::Function<FusedResidualMixNorm> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& y, const at::Tensor& r,
+                               const at::Tensor& x0, const at::Tensor& b, const at::Tensor& w, double eps,
+                               at::ScalarType h_dtype) {
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int64_t d = x.size(-1), rows = x.numel() / d;
+    auto out = at::empty_like(x), h = at::empty(x.sizes(), x.options().dtype(h_dtype));
+    auto rstd = at::empty({rows}, x.options());
+    check_launch(cuda::residual_mix_norm_train(
+        decode_dtype(h_dtype), x.data_ptr<float>(), y.numel() > 0 ? y.data_ptr() : nullptr, r.data_ptr<float>(),
+        x0.data_ptr<float>(), b.data_ptr<float>(), w.data_ptr<float>(), static_cast<float>(eps), out.data_ptr<float>(),
+        h.data_ptr(), rstd.data_ptr<float>(), rows, d, stream_of(x)));
+    ctx->save_for_backward({x, y, r, x0, b, w, out});
+    ctx->saved_data["rstd"] = rstd;
+    return {out, h};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &y = saved[1], &r = saved[2], &x0 = saved[3], &b = saved[4], &w = saved[5],
+               &out = saved[6];
+    const auto rstd = ctx->saved_data["rstd"].toTensor();
+    const c10::cuda::CUDAGuard guard(x.device());
+    const int64_t d = x.size(-1), rows = x.numel() / d;
+    const bool has_y = y.numel() > 0;
+    const auto h_dtype = y.scalar_type();  // without y, the placeholder has the dtype of h
+    const auto gout = grads[0].defined() ? grads[0].to(at::kFloat).contiguous() : at::Tensor();
+    const auto gh = grads[1].defined() ? grads[1].to(h_dtype).contiguous() : at::Tensor();
+    auto gx = at::empty_like(x), gx0 = at::empty_like(x0);
+    auto gy = has_y ? at::empty_like(y) : at::Tensor();
+    auto partials = at::empty({cuda::residual_mix_norm_backward_blocks(rows), d + 2}, x.options());
+    check_launch(cuda::residual_mix_norm_backward(
+        decode_dtype(h_dtype), gout.defined() ? gout.data_ptr<float>() : nullptr,
+        gh.defined() ? gh.data_ptr() : nullptr, out.data_ptr<float>(), rstd.data_ptr<float>(), w.data_ptr<float>(),
+        x.data_ptr<float>(), has_y ? y.data_ptr() : nullptr, r.data_ptr<float>(), x0.data_ptr<float>(),
+        b.data_ptr<float>(), gx.data_ptr<float>(), has_y ? gy.data_ptr() : nullptr, gx0.data_ptr<float>(),
+        partials.data_ptr<float>(), rows, d, stream_of(x)));
+    const auto sums = partials.sum(0);
+    return {gx, gy, sums[d].reshape(r.sizes()), gx0, sums[d + 1].reshape(b.sizes()), sums.narrow(0, 0, d), {}, {}};
+  }
+};
+
 bool train_fusable(const at::Tensor& x, const at::Tensor& y, const at::Tensor& r, const at::Tensor& x0,
                    const at::Tensor& b) {
   auto fp32_on = [&](const at::Tensor& t) {
@@ -105,6 +157,26 @@ at::Tensor residual_mix(const at::Tensor& x, const at::Tensor& y, const at::Tens
     return FusedResidualMix::apply(x, y.defined() ? y : at::empty({0}, x.options()), r, x0, b);
 #endif
   return y.defined() ? r * (x + y) + b * x0 : r * x + b * x0;
+}
+
+std::pair<at::Tensor, at::Tensor> residual_mix_norm(const at::Tensor& x, const at::Tensor& y, const at::Tensor& r,
+                                                    const at::Tensor& x0, const at::Tensor& b, const at::Tensor& w,
+                                                    double eps) {
+#ifdef SLM_WITH_CUDA
+  const bool autocast = at::autocast::is_autocast_enabled(at::kCUDA);
+  const auto h_dtype = autocast ? at::autocast::get_autocast_dtype(at::kCUDA) : at::kFloat;
+  auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  if (train_fusable(x, y, r, x0, b) && x.dim() >= 1 && x.size(-1) % 4 == 0 && x.size(-1) <= cuda::kMaxMixNormWidth &&
+      decode_dtype_supported(h_dtype) && (!y.defined() || y.scalar_type() == h_dtype) &&
+      w.scalar_type() == at::kFloat && w.device() == x.device() && w.numel() == x.size(-1) && w.is_contiguous() &&
+      aligned(x) && aligned(x0) && aligned(w)) {
+    auto outs = FusedResidualMixNorm::apply(x, y.defined() ? y : at::empty({0}, x.options().dtype(h_dtype)), r, x0, b,
+                                            w, eps, h_dtype);
+    return {outs[0], outs[1]};
+  }
+#endif
+  auto out = residual_mix(x, y, r, x0, b);
+  return {out, rms_norm(out, w, eps)};
 }
 
 bool stream_add_mean_fusable(const at::Tensor& streams, const at::Tensor& y) {

@@ -14,6 +14,16 @@ namespace slm::ops {
 at::Tensor residual_mix(const at::Tensor& x, const at::Tensor& y, const at::Tensor& r, const at::Tensor& x0,
                         const at::Tensor& b);
 
+// The mix followed by the next layer's pre-norm: {out, rms_norm(out, w, eps)}. For training on CUDA (an FP32 stream
+// as residual_mix's fused form takes it, w FP32 [D] with D a multiple of 4 up to 2048, y absent or in the autocast
+// dtype) one kernel forward and one backward, which write the normed output in the autocast dtype (FP32 without
+// autocast) for the block's projections to read as it is, and give the norm's input gradient and the stream's
+// gradient summed in the kernel (the tensor ops take the mix's kernels, the norm's, an FP32 -> BF16 cast of the
+// normed output per projection, and a gradient accumulation). Elsewhere residual_mix, then ops::rms_norm.
+std::pair<at::Tensor, at::Tensor> residual_mix_norm(const at::Tensor& x, const at::Tensor& y, const at::Tensor& r,
+                                                    const at::Tensor& x0, const at::Tensor& b, const at::Tensor& w,
+                                                    double eps);
+
 // mHC's plain mix (model/features/mhc.h) and the next one's input together: for streams [..., n, D] and the block's
 // output y [..., D], X' = streams + y on every stream and X'.mean(-2), which the next plain layer reads. Whether
 // (with ops::fused_kernels_enabled()) stream_add_mean runs here: a CUDA build, both on the GPU in one dtype of FP32,

@@ -17,4 +17,18 @@ bool rotary_norm_fusable(const at::Tensor& x, const at::Tensor& cos, const at::T
 at::Tensor rotary_norm_step(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& cos,
                             const at::Tensor& sin, const at::Tensor& weight, double eps);
 
+// Training's form, for a whole block of tokens, differentiable in x and weight: x [B, T, heads, dim] (dim = 2 * half);
+// positions ids [B or 1, T] int64 on x's device (each token's place in its packed document), or, with ids undefined,
+// start + t in every row; cos, sin [rows, half] contiguous in x's dtype (model::Rope::tables; every position below
+// rows); weight [dim] in FP32 or x's dtype, or undefined (rotation only). Returns [B, T, heads, dim] in x's dtype:
+// rotate (rounded to x's dtype as model::Rope rounds), then, with a weight, r * rsqrt(mean(r^2) + eps) * weight in
+// FP32. One kernel forward; backward one kernel for x's gradient and per-CTA partial sums of the weight's (a fixed
+// grid, summed here: the same on every run). It keeps x (not the rotation) and recomputes the rotation backward.
+// Whether (with ops::fused_kernels_enabled()) it runs here: a CUDA build, x on the GPU, contiguous, in FP32/BF16/FP16,
+// 4-dim with an even last dim of at most 1024, weight undefined or [dim] in FP32 or x's dtype on x's device. Grad
+// mode may be on or off.
+bool rotary_norm_train_fusable(const at::Tensor& x, const at::Tensor& weight);
+at::Tensor rotary_norm_train(const at::Tensor& x, const at::Tensor& ids, int64_t start, const at::Tensor& cos,
+                             const at::Tensor& sin, const at::Tensor& weight, double eps);
+
 }  // namespace slm::ops

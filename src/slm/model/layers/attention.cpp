@@ -38,12 +38,24 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache, 
   if (cache && t == 1 && cache->positions().defined() && (!indexer || indexer->stage == DsaStage::Sparse))
     return step_on_device(h, *cache);
   const auto pos = positions(h, cache, docs);
-  auto q = rope(wq(h).view({b, t, heads, head_dim}), pos);
-  auto k = rope(wk(h).view({b, t, kv_heads, head_dim}), pos);
+  auto q = wq(h).view({b, t, heads, head_dim});
+  auto k = wk(h).view({b, t, kv_heads, head_dim});
   auto v = wv(h).view({b, t, kv_heads, head_dim});
-  if (q_norm) {
-    q = q_norm(q);
-    k = k_norm(k);
+  const auto qw = q_norm ? q_norm->weight : torch::Tensor(), kw = q_norm ? k_norm->weight : torch::Tensor();
+  if (!cache && q.scalar_type() == k.scalar_type() && ops::rotary_norm_train_fusable(q, qw) &&
+      ops::rotary_norm_train_fusable(k, kw)) {
+    // Training (and uncached forwards): one kernel per tensor for the rotation and the QK-norm, and one for their
+    // backward, instead of about twenty with the backward's.
+    const auto [cos, sin] = rope.tables(h.device(), q.scalar_type(), pos.end);
+    q = ops::rotary_norm_train(q, pos.ids, pos.start, cos, sin, qw, q_norm ? q_norm->eps : 0.0);
+    k = ops::rotary_norm_train(k, pos.ids, pos.start, cos, sin, kw, q_norm ? k_norm->eps : 0.0);
+  } else {
+    q = rope(q, pos);
+    k = rope(k, pos);
+    if (q_norm) {
+      q = q_norm(q);
+      k = k_norm(k);
+    }
   }
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
@@ -111,8 +123,8 @@ TokenCache& AttentionLayer::token_cache(LayerCache* cache) const {
   return *c;
 }
 
-torch::Tensor AttentionLayer::forward(const torch::Tensor& x, const Documents* docs) {
-  return mla ? mla->forward(norm(x), nullptr, false, docs) : attn->forward(norm(x), nullptr, docs);
+torch::Tensor AttentionLayer::forward_normed(const torch::Tensor& h, const Documents* docs) {
+  return mla ? mla->forward(h, nullptr, false, docs) : attn->forward(h, nullptr, docs);
 }
 
 torch::Tensor AttentionLayer::prefill(const torch::Tensor& x, LayerCache* cache) {

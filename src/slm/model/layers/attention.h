@@ -41,7 +41,7 @@ class AttentionLayer : public Layer {
   AttentionLayer(const Recipe& recipe, const LayerPlan& plan, const torch::TensorOptions& options);
   char letter() const override { return 'A'; }
   const char* class_name() const override { return "AttentionLayer"; }
-  torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) override;
+  torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) override;
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
   // MLA layers decode in the weight-absorbed form; GQA layers as prefill.
   torch::Tensor decode(const torch::Tensor& x, LayerCache* cache) override;

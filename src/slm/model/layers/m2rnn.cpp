@@ -84,8 +84,8 @@ std::pair<torch::Tensor, M2RNNState> M2RNNImpl::forward(const torch::Tensor& h, 
   auto f = torch::exp(-torch::exp(A_log) * torch::softplus(parts[1] + dt_bias));
   torch::Tensor y, next;
   if (t == 1) {
-    std::tie(y, next) = ops::m2rnn_step(q.select(1, 0), k.select(1, 0), v.select(1, 0), f.select(1, 0), state_weight,
-                                        D, state.h);
+    std::tie(y, next) =
+        ops::m2rnn_step(q.select(1, 0), k.select(1, 0), v.select(1, 0), f.select(1, 0), state_weight, D, state.h);
     y = y.unsqueeze(1);
   } else {
     std::tie(y, next) = ops::m2rnn_scan(q, k, v, f, state_weight, D, state.h, grad_clip, kCheckpointEvery,
@@ -99,8 +99,8 @@ M2RNNLayer::M2RNNLayer(const Recipe& r, const torch::TensorOptions& options) : L
   m2rnn = register_module("m2rnn", M2RNN(r, options));
 }
 
-torch::Tensor M2RNNLayer::forward(const torch::Tensor& x, const Documents* docs) {
-  return m2rnn(norm(x), m2rnn->zero_state(x.size(0)), docs).first;
+torch::Tensor M2RNNLayer::forward_normed(const torch::Tensor& h, const Documents* docs) {
+  return m2rnn(h, m2rnn->zero_state(h.size(0)), docs).first;
 }
 
 torch::Tensor M2RNNLayer::prefill(const torch::Tensor& x, LayerCache* cache) {

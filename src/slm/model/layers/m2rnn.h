@@ -55,7 +55,7 @@ class M2RNNLayer : public Layer {
   M2RNNLayer(const Recipe& recipe, const torch::TensorOptions& options);
   char letter() const override { return 'R'; }
   const char* class_name() const override { return "M2RNNLayer"; }
-  torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) override;
+  torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) override;
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
   std::unique_ptr<LayerCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const override;
 

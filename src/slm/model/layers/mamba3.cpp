@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "slm/ops/swiglu.h"
 #include "slm/util/error.h"
 
 namespace slm::model {
@@ -94,6 +95,9 @@ std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tens
 }
 
 torch::Tensor Mamba3Impl::gate(const torch::Tensor& y, const torch::Tensor& z, torch::ScalarType dtype) {
+  // SISO without the output norm (the recipes' form): one kernel each way on the GPU, in the projection's dtype.
+  if (!out_norm && !mimo_z.defined() && z.scalar_type() == dtype && ops::silu_gate_fusable(y, z))
+    return out_proj(ops::silu_gate(y, z));
   auto o = ops::mamba3_gate(y, z, mimo_z, mimo_o, out_norm ? out_norm->weight : torch::Tensor(), kMamba3NormEps);
   return out_proj(o.to(dtype));
 }
@@ -122,8 +126,8 @@ Mamba3Layer::Mamba3Layer(const Recipe& r, const torch::TensorOptions& options) :
   mamba = register_module("mamba", Mamba3(r, options));
 }
 
-torch::Tensor Mamba3Layer::forward(const torch::Tensor& x, const Documents* docs) {
-  return mamba(norm(x), mamba->zero_state(x.size(0)), docs ? docs->start : torch::Tensor()).first;
+torch::Tensor Mamba3Layer::forward_normed(const torch::Tensor& h, const Documents* docs) {
+  return mamba(h, mamba->zero_state(h.size(0)), docs ? docs->start : torch::Tensor()).first;
 }
 
 torch::Tensor Mamba3Layer::prefill(const torch::Tensor& x, LayerCache* cache) {

@@ -49,7 +49,7 @@ class Mamba3Layer : public Layer {
   Mamba3Layer(const Recipe& recipe, const torch::TensorOptions& options);
   char letter() const override { return 'M'; }
   const char* class_name() const override { return "Mamba3Layer"; }
-  torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) override;
+  torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) override;
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
   std::unique_ptr<LayerCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const override;
 

@@ -8,8 +8,12 @@ MLPLayer::MLPLayer(const Recipe& r, const torch::TensorOptions& options) : Layer
   mlp = register_module("mlp", SwiGLU(r.d_model, r.mlp->hidden, options));
 }
 
-torch::Tensor MLPLayer::forward(const torch::Tensor& x, const Documents*) { return mlp(norm(x)); }
+torch::Tensor MLPLayer::forward_normed(const torch::Tensor& h, const Documents*) {
+  return mlp(h);
+}
 
-torch::Tensor MLPLayer::prefill(const torch::Tensor& x, LayerCache*) { return mlp(norm(x)); }
+torch::Tensor MLPLayer::prefill(const torch::Tensor& x, LayerCache*) {
+  return mlp(norm(x));
+}
 
 }  // namespace slm::model

@@ -10,7 +10,7 @@ class MLPLayer : public Layer {
   MLPLayer(const Recipe& recipe, const torch::TensorOptions& options);
   char letter() const override { return 'F'; }
   const char* class_name() const override { return "MLPLayer"; }
-  torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) override;  // per token
+  torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) override;  // per token
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
   std::unique_ptr<LayerCache> make_cache(int64_t, int64_t, int64_t) const override { return nullptr; }
 

@@ -510,8 +510,8 @@ MoELayer::MoELayer(const Recipe& r, const torch::TensorOptions& options) : Layer
   moe = register_module("moe", MoE(r, options));
 }
 
-torch::Tensor MoELayer::forward(const torch::Tensor& x, const Documents*) {
-  return moe(norm(x));
+torch::Tensor MoELayer::forward_normed(const torch::Tensor& h, const Documents*) {
+  return moe(h);
 }
 
 torch::Tensor MoELayer::prefill(const torch::Tensor& x, LayerCache*) {

@@ -163,7 +163,7 @@ class MoELayer : public Layer {
   MoELayer(const Recipe& recipe, const torch::TensorOptions& options);
   char letter() const override { return 'E'; }
   const char* class_name() const override { return "MoELayer"; }
-  torch::Tensor forward(const torch::Tensor& x, const Documents* docs = nullptr) override;  // per token
+  torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) override;  // per token
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
   std::unique_ptr<LayerCache> make_cache(int64_t, int64_t, int64_t) const override { return nullptr; }
 

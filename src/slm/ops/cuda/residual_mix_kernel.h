@@ -25,6 +25,22 @@ std::string residual_mix_backward(DecodeDtype y_dtype, const float* g, const flo
                                   const float* x0, const float* b, float* gx, void* gy, float* gx0, float* partials,
                                   int64_t n, void* stream);
 
+// Training's mix and the next layer's pre-norm together, for rows of d elements (d a multiple of 4, at most
+// kMaxMixNormWidth): out = the mix above (FP32, y in dtype or null), rstd[row] = 1 / sqrt(mean(out^2) + eps) and
+// h = out * rstd * w rounded to dtype (w FP32 [d]).
+constexpr int64_t kMaxMixNormWidth = 2048;
+std::string residual_mix_norm_train(DecodeDtype dtype, const float* x, const void* y, const float* r, const float* x0,
+                                    const float* b, const float* w, float eps, float* out, void* h, float* rstd,
+                                    int64_t rows, int64_t d, void* stream);
+// Its backward from gout (out's gradient, FP32, or null for none) and gh (h's, in dtype, or null): gx, gy (dtype, not
+// written without y) and gx0 as residual_mix_backward forms them from gout plus the norm's input gradient, and
+// partials [residual_mix_norm_backward_blocks(rows)][d + 2] whose column sums are w's gradient (d columns), then r's
+// and b's.
+int64_t residual_mix_norm_backward_blocks(int64_t rows);
+std::string residual_mix_norm_backward(DecodeDtype dtype, const float* gout, const void* gh, const float* out,
+                                       const float* rstd, const float* w, const float* x, const void* y, const float* r,
+                                       const float* x0, const float* b, float* gx, void* gy, float* gx0,
+                                       float* partials, int64_t rows, int64_t d, void* stream);
 // out[r, i, j] = x[r, i, j] + y[r, j] for i < n (rounded to the dtype), mean[r, j] = (sum over i of out[r, i, j], in
 // FP32) * (1/n in FP32), rounded; x, out [rows, n, d] and y, mean [rows, d] contiguous, one dtype.
 std::string stream_add_mean(DecodeDtype dtype, const void* x, const void* y, void* out, void* mean, int64_t rows,
