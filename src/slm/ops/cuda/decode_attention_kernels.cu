@@ -23,6 +23,7 @@
 #include <string>
 
 #include "slm/ops/cuda/decode_attention_kernels.h"
+#include "slm/ops/cuda/element.cuh"
 
 namespace slm::ops::cuda {
 
@@ -242,13 +243,9 @@ std::string decode_attention(const DecodeAttentionShape& s, DecodeDtype dtype, c
   if (s.splits < 1 || s.splits > kMaxSplits)
     return "decode attention: " + std::to_string(s.splits) + " key ranges (1.." + std::to_string(kMaxSplits) + ")";
   auto st = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DecodeDtype::kFloat: return launch_dim<float>(s, q, k, v, lengths, keep, out, partial_ml, partial_acc, st);
-    case DecodeDtype::kBFloat16:
-      return launch_dim<__nv_bfloat16>(s, q, k, v, lengths, keep, out, partial_ml, partial_acc, st);
-    case DecodeDtype::kHalf: return launch_dim<__half>(s, q, k, v, lengths, keep, out, partial_ml, partial_acc, st);
-  }
-  return "decode attention: unknown dtype";
+  return with_element_type(dtype, [&](auto tag) {
+    return launch_dim<TagType<decltype(tag)>>(s, q, k, v, lengths, keep, out, partial_ml, partial_acc, st);
+  });
 }
 
 }  // namespace slm::ops::cuda

@@ -140,15 +140,9 @@ std::string dsa_keep_step(DecodeDtype dtype, const void* scores, const int64_t* 
   if (batch == 0 || keys == 0) return "";
   if (batch > 0x7FFFFFFF) return "DSA keep kernel: too many rows";
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DecodeDtype::kFloat:
-      return launch<float>(scores, positions, batch, keys, ratio, local_window, window, keep, s);
-    case DecodeDtype::kBFloat16:
-      return launch<__nv_bfloat16>(scores, positions, batch, keys, ratio, local_window, window, keep, s);
-    case DecodeDtype::kHalf:
-      return launch<__half>(scores, positions, batch, keys, ratio, local_window, window, keep, s);
-  }
-  return "DSA keep kernel: unknown dtype";
+  return with_element_type(dtype, [&](auto tag) {
+    return launch<TagType<decltype(tag)>>(scores, positions, batch, keys, ratio, local_window, window, keep, s);
+  });
 }
 
 }  // namespace slm::ops::cuda

@@ -278,16 +278,10 @@ std::string gathered_swiglu_combine(DecodeDtype dtype, const void* h, const void
       combine_shared_bytes(k, hidden, shared_hidden) > kMaxCombineSharedBytes)
     return "gathered swiglu combine kernel: bad token count, slots or hidden sizes";
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DecodeDtype::kFloat:
-      return launch_combine<float>(h, w, ids, gates, h_shared, w_shared, y, tokens, k, out, hidden, shared_hidden, s);
-    case DecodeDtype::kBFloat16:
-      return launch_combine<__nv_bfloat16>(h, w, ids, gates, h_shared, w_shared, y, tokens, k, out, hidden,
-                                           shared_hidden, s);
-    case DecodeDtype::kHalf:
-      return launch_combine<__half>(h, w, ids, gates, h_shared, w_shared, y, tokens, k, out, hidden, shared_hidden, s);
-  }
-  return "gathered swiglu combine kernel: unknown dtype";
+  return with_element_type(dtype, [&](auto tag) {
+    return launch_combine<TagType<decltype(tag)>>(h, w, ids, gates, h_shared, w_shared, y, tokens, k, out, hidden,
+                                                  shared_hidden, s);
+  });
 }
 
 std::string gathered_swiglu_combine_nvfp4(DecodeDtype dtype, const void* h, const Nvfp4Matrices& w, const int64_t* ids,
@@ -301,21 +295,15 @@ std::string gathered_swiglu_combine_nvfp4(DecodeDtype dtype, const void* h, cons
   const auto s = static_cast<cudaStream_t>(stream);
   const dim3 grid(static_cast<unsigned>((out + kWarps - 1) / kWarps), static_cast<unsigned>(tokens));
   const size_t smem = combine_shared_bytes(k, hidden, shared_hidden);
-  const auto run = [&](auto* tag) {
-    using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+  return with_element_type(dtype, [&](auto tag) {
+    using T = TagType<decltype(tag)>;
     gathered_swiglu_combine_nvfp4_kernel<T><<<grid, kWarps * 32, smem, s>>>(
         static_cast<const T*>(h), w, ids, gates, static_cast<const T*>(h_shared), w_shared, static_cast<T*>(y),
         static_cast<int>(k), static_cast<int>(out), static_cast<int>(hidden), static_cast<int>(shared_hidden));
     const cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? std::string()
                             : std::string("gathered swiglu combine kernel (NVFP4): ") + cudaGetErrorString(e);
-  };
-  switch (dtype) {
-    case DecodeDtype::kFloat: return run(static_cast<float*>(nullptr));
-    case DecodeDtype::kBFloat16: return run(static_cast<__nv_bfloat16*>(nullptr));
-    case DecodeDtype::kHalf: return run(static_cast<__half*>(nullptr));
-  }
-  return "gathered swiglu combine kernel (NVFP4): unknown dtype";
+  });
 }
 
 std::string gathered_linear(DecodeDtype dtype, const void* x, const void* w, const int64_t* ids, void* y,
@@ -323,12 +311,9 @@ std::string gathered_linear(DecodeDtype dtype, const void* x, const void* w, con
   if (assignments == 0 || out == 0) return "";
   if (assignments > 65535 || x_div < 1) return "gathered linear kernel: bad assignment count or divisor";
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DecodeDtype::kFloat: return launch<float>(x, w, ids, y, float_out, assignments, x_div, out, in, s);
-    case DecodeDtype::kBFloat16: return launch<__nv_bfloat16>(x, w, ids, y, float_out, assignments, x_div, out, in, s);
-    case DecodeDtype::kHalf: return launch<__half>(x, w, ids, y, float_out, assignments, x_div, out, in, s);
-  }
-  return "gathered linear kernel: unknown dtype";
+  return with_element_type(dtype, [&](auto tag) {
+    return launch<TagType<decltype(tag)>>(x, w, ids, y, float_out, assignments, x_div, out, in, s);
+  });
 }
 
 }  // namespace slm::ops::cuda

@@ -361,13 +361,9 @@ std::string rotary_norm(DecodeDtype dtype, const void* x, void* out, const int64
   if (rows * heads == 0) return "";
   if (half < 1 || half > 512) return "rotary norm kernel: " + std::to_string(half) + " pairs per head (1..512)";
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (dtype) {
-    case DecodeDtype::kFloat: return launch<float>(x, out, positions, cos, sin, weight, rows, heads, half, eps, s);
-    case DecodeDtype::kBFloat16:
-      return launch<__nv_bfloat16>(x, out, positions, cos, sin, weight, rows, heads, half, eps, s);
-    case DecodeDtype::kHalf: return launch<__half>(x, out, positions, cos, sin, weight, rows, heads, half, eps, s);
-  }
-  return "rotary norm kernel: unknown dtype";
+  return with_element_type(dtype, [&](auto tag) {
+    return launch<TagType<decltype(tag)>>(x, out, positions, cos, sin, weight, rows, heads, half, eps, s);
+  });
 }
 
 }  // namespace slm::ops::cuda
