@@ -134,16 +134,16 @@ ModelOutput HybridLM::forward_impl(const torch::Tensor& tokens, const Documents*
   }
   // Layer l on x (normed: on h = its norm of x, which the trunk computed with the residual mix).
   auto run_layer = [&](size_t l, const torch::Tensor& in, bool normed) {
+    auto call = [normed](Layer& layer, const torch::Tensor& u, const Documents* d) {
+      return normed ? layer.forward_normed(u, d) : layer.forward(u, d);
+    };
     const LayerPlan& p = plan_.layers[l];
     const bool pure = p.letter == 'M' || p.letter == 'R' || p.letter == 'F' || (p.letter == 'A' && !p.dsa);
-    if (!recompute_ || !is_training() || !pure)
-      return normed ? layers_[l]->forward_normed(in, docs) : layers_[l]->forward(in, docs);
+    if (!recompute_ || !is_training() || !pure) return call(*layers_[l], in, docs);
     // The rerun happens in the backward, after this call returns: the layer and the documents are held by value.
     std::shared_ptr<Layer> layer = layers_[l];
     std::optional<Documents> d = docs ? std::optional<Documents>(*docs) : std::nullopt;
-    return recompute(in, [layer, d, normed](const torch::Tensor& u) {
-      return normed ? layer->forward_normed(u, d ? &*d : nullptr) : layer->forward(u, d ? &*d : nullptr);
-    });
+    return recompute(in, [layer, d, call](const torch::Tensor& u) { return call(*layer, u, d ? &*d : nullptr); });
   };
   auto x = trunk(
       x0, [&](size_t l, const torch::Tensor& u) { return run_layer(l, u, false); },

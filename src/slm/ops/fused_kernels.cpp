@@ -4,6 +4,10 @@
 
 #include "slm/util/error.h"
 
+#ifdef SLM_WITH_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace slm::ops {
 
 namespace {
@@ -20,5 +24,11 @@ void set_fused_kernels(bool on) {
 void check_launch(const std::string& error) {
   if (!error.empty()) throw Error(error);
 }
+
+#ifdef SLM_WITH_CUDA
+void* current_stream(const at::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+#endif
 
 }  // namespace slm::ops

@@ -14,7 +14,6 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/residual_mix_kernel.h"
 #endif
@@ -38,10 +37,9 @@ class FusedResidualMix : public torch::autograd::Function<FusedResidualMix> {
     auto out = at::empty_like(x);
     const bool has_y = y.numel() > 0;
     const auto ydt = decode_dtype(y.scalar_type());
-    const std::string err =
-        cuda::residual_mix_train(ydt, x.data_ptr<float>(), has_y ? y.data_ptr() : nullptr, r.data_ptr<float>(),
-                                 x0.data_ptr<float>(), b.data_ptr<float>(), out.data_ptr<float>(), x.numel(),
-                                 c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+    const std::string err = cuda::residual_mix_train(ydt, x.data_ptr<float>(), has_y ? y.data_ptr() : nullptr,
+                                                     r.data_ptr<float>(), x0.data_ptr<float>(), b.data_ptr<float>(),
+                                                     out.data_ptr<float>(), x.numel(), current_stream(x));
     if (!err.empty()) throw Error("residual_mix: " + err);
     ctx->save_for_backward({x, y, r, x0, b});
     return out;
@@ -60,17 +58,12 @@ class FusedResidualMix : public torch::autograd::Function<FusedResidualMix> {
     const std::string err = cuda::residual_mix_backward(
         ydt, g.data_ptr<float>(), x.data_ptr<float>(), has_y ? y.data_ptr() : nullptr, r.data_ptr<float>(),
         x0.data_ptr<float>(), b.data_ptr<float>(), gx.data_ptr<float>(), has_y ? gy.data_ptr() : nullptr,
-        gx0.data_ptr<float>(), partials.data_ptr<float>(), x.numel(),
-        c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+        gx0.data_ptr<float>(), partials.data_ptr<float>(), x.numel(), current_stream(x));
     if (!err.empty()) throw Error("residual_mix backward: " + err);
     const auto sums = partials.sum(0);
     return {gx, gy, sums[0].reshape(r.sizes()), gx0, sums[1].reshape(b.sizes())};
   }
 };
-
-void* stream_of(const at::Tensor& t) {
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
 
 // The mix and the next layer's pre-norm in one kernel each way (residual_mix_norm). Outputs: the stream out (FP32)
 // and the normed h (in the block's dtype). Saves x, y, x0, r, b, w, out and the rows' rstd: out is the next mix's x,
@@ -87,7 +80,7 @@ class FusedResidualMixNorm : public torch::autograd::Function<FusedResidualMixNo
     check_launch(cuda::residual_mix_norm_train(
         decode_dtype(h_dtype), x.data_ptr<float>(), y.numel() > 0 ? y.data_ptr() : nullptr, r.data_ptr<float>(),
         x0.data_ptr<float>(), b.data_ptr<float>(), w.data_ptr<float>(), static_cast<float>(eps), out.data_ptr<float>(),
-        h.data_ptr(), rstd.data_ptr<float>(), rows, d, stream_of(x)));
+        h.data_ptr(), rstd.data_ptr<float>(), rows, d, current_stream(x)));
     ctx->save_for_backward({x, y, r, x0, b, w, out});
     ctx->saved_data["rstd"] = rstd;
     return {out, h};
@@ -112,7 +105,7 @@ class FusedResidualMixNorm : public torch::autograd::Function<FusedResidualMixNo
         gh.defined() ? gh.data_ptr() : nullptr, out.data_ptr<float>(), rstd.data_ptr<float>(), w.data_ptr<float>(),
         x.data_ptr<float>(), has_y ? y.data_ptr() : nullptr, r.data_ptr<float>(), x0.data_ptr<float>(),
         b.data_ptr<float>(), gx.data_ptr<float>(), has_y ? gy.data_ptr() : nullptr, gx0.data_ptr<float>(),
-        partials.data_ptr<float>(), rows, d, stream_of(x)));
+        partials.data_ptr<float>(), rows, d, current_stream(x)));
     const auto sums = partials.sum(0);
     return {gx, gy, sums[d].reshape(r.sizes()), gx0, sums[d + 1].reshape(b.sizes()), sums.narrow(0, 0, d), {}, {}};
   }
@@ -147,9 +140,9 @@ at::Tensor residual_mix(const at::Tensor& x, const at::Tensor& y, const at::Tens
     const auto xc = x.contiguous(), x0c = x0.contiguous(), yc = y.defined() ? y.contiguous() : at::Tensor();
     auto out = at::empty_like(xc);
     const auto dtype = decode_dtype(dt);
-    const std::string err = cuda::residual_mix(dtype, xc.data_ptr(), yc.defined() ? yc.data_ptr() : nullptr,
-                                               r.data_ptr(), x0c.data_ptr(), b.data_ptr(), out.data_ptr(), xc.numel(),
-                                               c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+    const std::string err =
+        cuda::residual_mix(dtype, xc.data_ptr(), yc.defined() ? yc.data_ptr() : nullptr, r.data_ptr(), x0c.data_ptr(),
+                           b.data_ptr(), out.data_ptr(), xc.numel(), current_stream(x));
     if (!err.empty()) throw Error("residual_mix: " + err);
     return out;
   }
@@ -200,9 +193,9 @@ std::pair<at::Tensor, at::Tensor> stream_add_mean(const at::Tensor& streams, con
   const auto x = streams.contiguous(), yc = y.contiguous();
   auto out = at::empty_like(x), mean = at::empty_like(yc);
   const int64_t n = x.size(-2), d = x.size(-1);
-  const std::string err = cuda::stream_add_mean(decode_dtype(x.scalar_type()), x.data_ptr(), yc.data_ptr(),
-                                                out.data_ptr(), mean.data_ptr(), yc.numel() / std::max<int64_t>(d, 1),
-                                                n, d, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  const std::string err =
+      cuda::stream_add_mean(decode_dtype(x.scalar_type()), x.data_ptr(), yc.data_ptr(), out.data_ptr(), mean.data_ptr(),
+                            yc.numel() / std::max<int64_t>(d, 1), n, d, current_stream(x));
   if (!err.empty()) throw Error("stream_add_mean: " + err);
   return {out, mean};
 #else

@@ -10,7 +10,6 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/swiglu_kernel.h"
 #endif
@@ -23,17 +22,13 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-void* stream_of(const at::Tensor& t) {
-  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
-}
-
 at::Tensor forward_kernel(const at::Tensor& h) {
   const int64_t hidden = h.size(-1) / 2;
   auto sizes = h.sizes().vec();
   sizes.back() = hidden;
   auto out = at::empty(sizes, h.options());
   check_launch(cuda::swiglu_forward(decode_dtype(h.scalar_type()), h.data_ptr(), out.data_ptr(),
-                                    h.numel() / (2 * hidden), hidden, stream_of(h)));
+                                    h.numel() / (2 * hidden), hidden, current_stream(h)));
   return out;
 }
 
@@ -53,7 +48,7 @@ class FusedSwiGLU : public torch::autograd::Function<FusedSwiGLU> {
     auto dh = at::empty_like(h);
     const int64_t hidden = h.size(-1) / 2;
     check_launch(cuda::swiglu_backward(decode_dtype(h.scalar_type()), g.data_ptr(), h.data_ptr(), dh.data_ptr(),
-                                       h.numel() / (2 * hidden), hidden, stream_of(h)));
+                                       h.numel() / (2 * hidden), hidden, current_stream(h)));
     return {dh};
   }
 };
@@ -71,7 +66,7 @@ class FusedSiluGate : public torch::autograd::Function<FusedSiluGate> {
     const int64_t b = z.size(0), t = z.size(1), cols = z.size(2) * z.size(3);
     auto out = at::empty({b, t, cols}, z.options().memory_format(at::MemoryFormat::Contiguous));
     check_launch(cuda::silu_gate_forward(decode_dtype(z.scalar_type()), y.data_ptr<float>(), z.data_ptr(),
-                                         out.data_ptr(), b * t, cols, z_row_stride(z), stream_of(y)));
+                                         out.data_ptr(), b * t, cols, z_row_stride(z), current_stream(y)));
     ctx->save_for_backward({y, z});
     return out;
   }
@@ -86,7 +81,7 @@ class FusedSiluGate : public torch::autograd::Function<FusedSiluGate> {
     const int64_t rows = z.size(0) * z.size(1), cols = z.size(2) * z.size(3);
     check_launch(cuda::silu_gate_backward(decode_dtype(z.scalar_type()), g.data_ptr(), y.data_ptr<float>(),
                                           z.data_ptr(), dy.data_ptr<float>(), dz.data_ptr(), rows, cols,
-                                          z_row_stride(z), stream_of(y)));
+                                          z_row_stride(z), current_stream(y)));
     return {dy, dz};
   }
 };

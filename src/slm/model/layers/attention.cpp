@@ -50,12 +50,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache, 
     q = ops::rotary_norm_train(q, pos.ids, pos.start, cos, sin, qw, q_norm ? q_norm->eps : 0.0);
     k = ops::rotary_norm_train(k, pos.ids, pos.start, cos, sin, kw, q_norm ? k_norm->eps : 0.0);
   } else {
-    q = rope(q, pos);
-    k = rope(k, pos);
-    if (q_norm) {
-      q = q_norm(q);
-      k = k_norm(k);
-    }
+    std::tie(q, k) = rope_and_norm(q, k, pos);
   }
   q = q.transpose(1, 2);
   k = k.transpose(1, 2);
@@ -68,6 +63,13 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& h, TokenCache* cache, 
                    : ops::causal_attention(q, k, v, window, std::nullopt, docs ? &docs->spans : nullptr);
   if (cache) cache->advance(t);
   return wo(o.transpose(1, 2).reshape({b, t, heads * head_dim}));
+}
+
+std::pair<torch::Tensor, torch::Tensor> AttentionImpl::rope_and_norm(const torch::Tensor& q, const torch::Tensor& k,
+                                                                     const RotaryPositions& pos) {
+  auto qr = rope(q, pos), kr = rope(k, pos);
+  if (!q_norm) return {qr, kr};
+  return {q_norm->forward(qr), k_norm->forward(kr)};
 }
 
 torch::Tensor AttentionImpl::step_on_device(const torch::Tensor& h, TokenCache& cache) {
@@ -85,12 +87,7 @@ torch::Tensor AttentionImpl::step_on_device(const torch::Tensor& h, TokenCache& 
     q = ops::rotary_norm_step(q.squeeze(1), at, cos, sin, qw, q_norm ? q_norm->eps : 0.0).unsqueeze(1);
     k = ops::rotary_norm_step(k.squeeze(1), at, cos, sin, kw, q_norm ? k_norm->eps : 0.0).unsqueeze(1);
   } else {
-    q = rope(q, pos);
-    k = rope(k, pos);
-    if (q_norm) {
-      q = q_norm(q);
-      k = k_norm(k);
-    }
+    std::tie(q, k) = rope_and_norm(q, k, pos);
   }
   auto keys = cache.write_step(0, k.transpose(1, 2));
   auto values = cache.write_step(1, v.transpose(1, 2));

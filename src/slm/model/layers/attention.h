@@ -3,6 +3,8 @@
 // RMSNorm on q and k (QK-norm), causal, with the per-layer window of the plan. Layers the plan marks mla use
 // multi-head latent attention (layers/mla.h) instead; layers it marks dsa add DeepSeek sparse attention's
 // indexer (layers/dsa_indexer.h) to either core.
+#include <utility>
+
 #include "slm/model/decode_state.h"
 #include "slm/model/layer.h"
 #include "slm/model/layers/dsa_indexer.h"
@@ -33,6 +35,11 @@ class AttentionImpl : public torch::nn::Module {
   Linear wq{nullptr}, wk{nullptr}, wv{nullptr}, wo{nullptr};
   RMSNorm q_norm{nullptr}, k_norm{nullptr};  // null when the recipe turns qk_norm off
   DsaIndexer indexer{nullptr};               // DSA layers only
+
+ private:
+  // The rotation and QK-norm of q and k [B, T, heads, head_dim] as tensor ops (where no fused kernel applies).
+  std::pair<torch::Tensor, torch::Tensor> rope_and_norm(const torch::Tensor& q, const torch::Tensor& k,
+                                                        const RotaryPositions& pos);
 };
 TORCH_MODULE(Attention);
 
