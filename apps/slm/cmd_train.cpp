@@ -196,11 +196,27 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   t->callback([o, t] { run_train(*o, t); });
 
-  auto dir = std::make_shared<std::string>();
-  auto* p = app.add_subcommand("plot", "Write PNG loss, bits-per-byte and learning-rate curves of a training run");
-  p->add_option("dir", *dir, "run directory (holds metrics.jsonl)")->required();
-  p->callback([dir] {
-    for (const auto& f : train::plot_run(*dir)) std::cout << f << "\n";
+  struct PlotOptions {
+    std::vector<std::string> dirs;
+    std::string out;
+  };
+  auto po = std::make_shared<PlotOptions>();
+  auto* p =
+      app.add_subcommand("plot",
+                         "Write PNG loss, bits-per-byte and learning-rate curves of a training run, or compare the "
+                         "training loss of several runs against time (--out)");
+  p->add_option("dir", po->dirs, "run directory (holds metrics.jsonl); with --out, two or more")->required();
+  p->add_option("--out", po->out,
+                "compare the runs: one PNG of each run's training loss against the minutes of its training steps "
+                "(runs of different speed at equal time)");
+  p->callback([po] {
+    if (!po->out.empty()) {
+      if (po->dirs.size() < 2) throw Error("slm plot --out compares runs: name two or more run directories");
+      std::cout << train::plot_runs_by_time(po->dirs, po->out) << "\n";
+      return;
+    }
+    if (po->dirs.size() != 1) throw Error("slm plot: one run directory, or several with --out to compare them");
+    for (const auto& f : train::plot_run(po->dirs.front())) std::cout << f << "\n";
   });
 }
 

@@ -20,6 +20,7 @@
 #include "slm/train/evaluate.h"
 #include "slm/train/flops.h"
 #include "slm/train/plot.h"
+#include "slm/util/files.h"
 #include "train/train_test_util.h"
 
 namespace slm::test {
@@ -413,6 +414,31 @@ TEST_F(TrainerFixture, PlotWritesPngCurves) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("metrics.jsonl"), std::string::npos);
+  }
+}
+
+// Runs of different speed compare at equal time: the x value of each loss is the minutes spent in training steps so
+// far, each record's new tokens over its tokens/s (hand-computed below), with evaluation lines ignored.
+TEST_F(TrainerFixture, PlotComparesRunsAgainstTrainingMinutes) {
+  make_dirs(dir + "/fast");
+  make_dirs(dir + "/slow");
+  write_file_atomic(dir + "/fast/metrics.jsonl",
+                    "{\"step\":1,\"loss\":9.0,\"tokens\":600,\"tokens_per_s\":20}\n"
+                    "{\"step\":1,\"eval\":{\"cpp\":{\"loss\":8.5}}}\n"
+                    "{\"step\":3,\"loss\":7.0,\"tokens\":1800,\"tokens_per_s\":10}\n");
+  write_file_atomic(dir + "/slow/metrics.jsonl", "{\"step\":1,\"loss\":9.5,\"tokens\":600,\"tokens_per_s\":5}\n");
+  const auto png = train::plot_runs_by_time({dir + "/fast", dir + "/slow/"}, dir + "/cmp.png");
+  EXPECT_EQ(read_file(png).substr(1, 3), "PNG");
+  // fast: 600 / 20 = 30 s = 0.5 min, then (1800 - 600) / 10 = 120 s more: 2.5 min. slow: 600 / 5 = 120 s = 2 min.
+  EXPECT_EQ(read_file(dir + "/cmp.png.plot/loss-fast.dat"), "0.5 9\n2.5 7\n");
+  EXPECT_EQ(read_file(dir + "/cmp.png.plot/loss-slow.dat"), "2 9.5\n");
+  make_dirs(dir + "/empty");
+  write_file_atomic(dir + "/empty/metrics.jsonl", "{\"step\":1,\"eval\":{}}\n");
+  try {
+    train::plot_runs_by_time({dir + "/fast", dir + "/empty"}, dir + "/cmp2.png");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no training steps"), std::string::npos) << e.what();
   }
 }
 

@@ -24,15 +24,13 @@ void write_series(const std::string& path, const Series& s) {
   if (!f) throw Error(path + ": cannot write");
 }
 
-// One PNG: every series as a line, the x axis in steps.
-std::string plot(const std::string& dir, const std::string& name, const std::string& title, const std::string& ylabel,
-                 const std::map<std::string, Series>& series) {
-  const std::string data_dir = dir + "/plot";
+// One PNG, png, from the gnuplot data and script under data_dir: every series as a line.
+std::string plot(const std::string& data_dir, const std::string& png, const std::string& name, const std::string& title,
+                 const std::string& xlabel, const std::string& ylabel, const std::map<std::string, Series>& series) {
   std::ostringstream gp;
-  const std::string png = dir + "/" + name + ".png";
   gp << "set terminal pngcairo size 960,560 noenhanced\nset output " << single_quoted(png) << "\n"
-     << "set title " << single_quoted(title) << "\nset xlabel 'step'\nset ylabel " << single_quoted(ylabel) << "\n"
-     << "set grid\nset key top right\nplot ";
+     << "set title " << single_quoted(title) << "\nset xlabel " << single_quoted(xlabel) << "\nset ylabel "
+     << single_quoted(ylabel) << "\nset grid\nset key top right\nplot ";
   bool first = true;
   for (const auto& [label, s] : series) {
     if (s.points.empty()) continue;
@@ -76,10 +74,45 @@ std::vector<std::string> plot_run(const std::string& dir) {
   if (n == 0) throw Error(metrics + ": no metrics yet");
   make_dirs(dir + "/plot");
   std::vector<std::string> out;
-  out.push_back(plot(dir, "loss", "loss (nats per token)", "loss", loss));
-  if (!bpb.empty()) out.push_back(plot(dir, "bpb", "validation bits per byte", "bits per byte", bpb));
-  out.push_back(plot(dir, "lr", "learning rate (matrix groups)", "lr", lr));
+  const std::string data = dir + "/plot";
+  out.push_back(plot(data, dir + "/loss.png", "loss", "loss (nats per token)", "step", "loss", loss));
+  if (!bpb.empty())
+    out.push_back(plot(data, dir + "/bpb.png", "bpb", "validation bits per byte", "step", "bits per byte", bpb));
+  out.push_back(plot(data, dir + "/lr.png", "lr", "learning rate (matrix groups)", "step", "lr", lr));
   return out;
+}
+
+std::string plot_runs_by_time(const std::vector<std::string>& dirs, const std::string& png) {
+  if (dirs.empty()) throw Error("plot: no run directories to compare");
+  std::map<std::string, Series> loss;
+  for (const auto& dir : dirs) {
+    const std::string metrics = dir + "/metrics.jsonl";
+    std::ifstream in(metrics);
+    if (!in) throw Error(metrics + ": cannot open (is " + dir + " a training run directory?)");
+    // The x axis is the time spent in training steps: each logged step's tokens over its tokens/s, the steps between
+    // two records counted at the later record's rate. Evaluation and checkpoint time is left out, and a resumed run
+    // continues where it stopped, so runs of different programs and interruptions compare on the same footing.
+    std::string label = dir;
+    while (label.size() > 1 && label.back() == '/') label.pop_back();
+    label = label.substr(label.find_last_of('/') + 1);
+    auto& s = loss[label];
+    double seconds = 0, last_tokens = 0;
+    std::string line;
+    while (std::getline(in, line)) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_object() || !j.contains("loss") || !j.contains("tokens") || !j.contains("tokens_per_s")) continue;
+      const double tokens = j["tokens"].get<double>(), rate = j["tokens_per_s"].get<double>();
+      if (!(rate > 0) || tokens < last_tokens) continue;  // a record repeated by a resume from an earlier checkpoint
+      seconds += (tokens - last_tokens) / rate;
+      last_tokens = tokens;
+      if (j["loss"].is_number() && !j.value("skipped", false))
+        s.points.push_back({seconds / 60, j["loss"].get<double>()});
+    }
+    if (s.points.empty()) throw Error(metrics + ": no training steps with a loss and tokens/s");
+  }
+  const std::string data = png + ".plot";
+  make_dirs(data);
+  return plot(data, png, "loss", "training loss against the minutes of training steps", "minutes", "loss", loss);
 }
 
 }  // namespace slm::train
