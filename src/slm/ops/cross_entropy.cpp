@@ -8,7 +8,6 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/cross_entropy_kernels.h"
 #endif
@@ -34,7 +33,7 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     auto lse = at::empty({rows}, f32), loss = at::empty({rows}, f32);
     check_launch(cuda::cross_entropy_forward(logit_type(logits), logits.data_ptr(), targets.data_ptr<int64_t>(), rows,
                                              vocab, ignore_index, lse.data_ptr<float>(), loss.data_ptr<float>(),
-                                             c10::cuda::getCurrentCUDAStream(logits.device().index()).stream()));
+                                             current_stream(logits)));
     // The mean over the kept rows, as torch's: no kept row gives 0 / 0.
     auto count = targets.ne(ignore_index).sum().to(at::kFloat);
     ctx->save_for_backward({logits, targets, lse, count});
@@ -48,10 +47,10 @@ class FusedCrossEntropy : public torch::autograd::Function<FusedCrossEntropy> {
     const c10::cuda::CUDAGuard guard(logits.device());
     const auto g = grads[0].to(at::kFloat).contiguous();
     auto dlogits = at::empty_like(logits);
-    check_launch(cuda::cross_entropy_backward(
-        logit_type(logits), logits.data_ptr(), targets.data_ptr<int64_t>(), lse.data_ptr<float>(), g.data_ptr<float>(),
-        count.data_ptr<float>(), logits.size(0), logits.size(1), ctx->saved_data["ignore_index"].toInt(),
-        dlogits.data_ptr(), c10::cuda::getCurrentCUDAStream(logits.device().index()).stream()));
+    check_launch(cuda::cross_entropy_backward(logit_type(logits), logits.data_ptr(), targets.data_ptr<int64_t>(),
+                                              lse.data_ptr<float>(), g.data_ptr<float>(), count.data_ptr<float>(),
+                                              logits.size(0), logits.size(1), ctx->saved_data["ignore_index"].toInt(),
+                                              dlogits.data_ptr(), current_stream(logits)));
     return {dlogits, {}, {}};
   }
 };

@@ -7,12 +7,12 @@
 #include <string>
 
 #include "slm/ops/decode_dtype.h"
+#include "slm/ops/fused_kernels.h"
 #include "slm/util/error.h"
 
 #ifdef SLM_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/decode_attention_kernels.h"
 #endif
@@ -58,10 +58,10 @@ at::Tensor decode_attention_cuda(const at::Tensor& q_in, const at::Tensor& k, co
   auto out = at::empty_like(q);
   const auto dtype = decode_dtype(q.scalar_type());
   const auto keep = keep_in.defined() ? keep_in.contiguous() : at::Tensor();
-  const std::string err = cuda::decode_attention(
-      s, dtype, q.data_ptr(), k.data_ptr(), v.data_ptr(), lengths.data_ptr<int64_t>(),
-      keep.defined() ? reinterpret_cast<const uint8_t*>(keep.data_ptr<bool>()) : nullptr, out.data_ptr(),
-      ml.data_ptr<float>(), acc.data_ptr<float>(), c10::cuda::getCurrentCUDAStream(q.device().index()).stream());
+  const std::string err =
+      cuda::decode_attention(s, dtype, q.data_ptr(), k.data_ptr(), v.data_ptr(), lengths.data_ptr<int64_t>(),
+                             keep.defined() ? reinterpret_cast<const uint8_t*>(keep.data_ptr<bool>()) : nullptr,
+                             out.data_ptr(), ml.data_ptr<float>(), acc.data_ptr<float>(), current_stream(q));
   if (!err.empty()) throw Error("decode_attention: " + err);
   return out;
 }

@@ -10,7 +10,6 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/dsa_select_kernel.h"
 #endif
@@ -41,10 +40,10 @@ at::Tensor dsa_keep_step(const at::Tensor& scores_in, const at::Tensor& position
   const auto scores = scores_in.contiguous();
   const auto positions = positions_in.to(at::kLong).contiguous();
   auto keep = at::empty(scores.sizes(), scores.options().dtype(at::kBool));
-  const std::string err = cuda::dsa_keep_step(decode_dtype(scores.scalar_type()), scores.data_ptr(),
-                                              positions.data_ptr<int64_t>(), scores.size(0), scores.size(1), ratio,
-                                              local_window, window, reinterpret_cast<uint8_t*>(keep.data_ptr<bool>()),
-                                              c10::cuda::getCurrentCUDAStream(scores.device().index()).stream());
+  const std::string err =
+      cuda::dsa_keep_step(decode_dtype(scores.scalar_type()), scores.data_ptr(), positions.data_ptr<int64_t>(),
+                          scores.size(0), scores.size(1), ratio, local_window, window,
+                          reinterpret_cast<uint8_t*>(keep.data_ptr<bool>()), current_stream(scores));
   if (!err.empty()) throw Error("dsa_keep_step: " + err);
   return keep;
 #else

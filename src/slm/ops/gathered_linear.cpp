@@ -11,7 +11,6 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/gathered_linear_kernel.h"
 #endif
@@ -48,9 +47,9 @@ at::Tensor gathered_linear(const at::Tensor& x_in, const at::Tensor& w, const at
   const int64_t a = ids.defined() ? ids.size(0) : x.size(0) * x_div, out = w.size(1), in = w.size(2);
   auto y = at::empty({a, out}, float_out ? x.options().dtype(at::kFloat) : x.options());
   const auto dtype = decode_dtype(x.scalar_type());
-  const std::string err = cuda::gathered_linear(
-      dtype, x.data_ptr(), w.data_ptr(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr, y.data_ptr(), float_out, a,
-      x_div, out, in, c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  const std::string err =
+      cuda::gathered_linear(dtype, x.data_ptr(), w.data_ptr(), ids.defined() ? ids.data_ptr<int64_t>() : nullptr,
+                            y.data_ptr(), float_out, a, x_div, out, in, current_stream(x));
   if (!err.empty()) throw Error("gathered_linear: " + err);
   return y;
 #else
@@ -122,8 +121,7 @@ at::Tensor gathered_swiglu_combine(const at::Tensor& h_in, const at::Tensor& w, 
   const std::string err = cuda::gathered_swiglu_combine(
       decode_dtype(h.scalar_type()), h.data_ptr(), w.data_ptr(), ids.data_ptr<int64_t>(), gates.data_ptr<float>(),
       h_shared.defined() ? h_shared.data_ptr() : nullptr, w_shared.defined() ? w_shared.data_ptr() : nullptr,
-      y.data_ptr(), tokens, k, out, hidden, shared_hidden,
-      c10::cuda::getCurrentCUDAStream(h.device().index()).stream());
+      y.data_ptr(), tokens, k, out, hidden, shared_hidden, current_stream(h));
   if (!err.empty()) throw Error("gathered_swiglu_combine: " + err);
   return y;
 #else
@@ -186,7 +184,7 @@ at::Tensor gathered_swiglu_combine_nvfp4(const at::Tensor& h_in, const Nvfp4Stac
   const std::string err = cuda::gathered_swiglu_combine_nvfp4(
       decode_dtype(h.scalar_type()), h.data_ptr(), matrices(w), ids.data_ptr<int64_t>(), gates.data_ptr<float>(),
       shared ? h_shared.data_ptr() : nullptr, matrices(w_shared), y.data_ptr(), tokens, k, w.out, w.in,
-      shared ? w_shared.in : 0, c10::cuda::getCurrentCUDAStream(h.device().index()).stream());
+      shared ? w_shared.in : 0, current_stream(h));
   if (!err.empty()) throw Error("gathered_swiglu_combine_nvfp4: " + err);
   return y;
 #else

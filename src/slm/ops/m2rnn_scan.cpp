@@ -13,7 +13,6 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/m2rnn_scan_kernels.h"
 #endif
@@ -146,7 +145,7 @@ class FusedScan : public torch::autograd::Function<FusedScan> {
                                      f.data_ptr<float>(), ptr_or_null(keep), w.data_ptr<float>(), h0.data_ptr<float>(),
                                      y.data_ptr<float>(), h_last.data_ptr<float>(),
                                      training ? cps.data_ptr<float>() : nullptr,
-                                     c10::cuda::getCurrentCUDAStream(q.device().index()).stream()));
+                                     current_stream(q)));
     if (training) ctx->save_for_backward({q, k, v, f, w, cps, keep});
     ctx->saved_data["clip"] = clip;
     ctx->saved_data["every"] = every;
@@ -170,7 +169,7 @@ class FusedScan : public torch::autograd::Function<FusedScan> {
                                       static_cast<float>(ctx->saved_data["clip"].toDouble()), scratch.data_ptr<float>(),
                                       dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>(),
                                       df.data_ptr<float>(), dw.data_ptr<float>(), dh0.data_ptr<float>(),
-                                      c10::cuda::getCurrentCUDAStream(q.device().index()).stream()));
+                                      current_stream(q)));
     return {dq, dk, dv, df, dw, dh0, {}, {}, {}};
   }
 };

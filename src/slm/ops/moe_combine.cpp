@@ -8,7 +8,6 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/moe_combine_kernel.h"
 #endif
@@ -29,7 +28,7 @@ class FusedMoeCombine : public torch::autograd::Function<FusedMoeCombine> {
     auto out = at::empty({tokens, d}, ys.options());
     check_launch(cuda::moe_combine_forward(decode_dtype(ys.scalar_type()), ys.data_ptr(), inv.data_ptr<int64_t>(),
                                            w.data_ptr<float>(), out.data_ptr(), tokens, static_cast<int>(k), d,
-                                           c10::cuda::getCurrentCUDAStream(ys.device().index()).stream()));
+                                           current_stream(ys)));
     ctx->save_for_backward({ys, inv, w});
     return out;
   }
@@ -40,10 +39,9 @@ class FusedMoeCombine : public torch::autograd::Function<FusedMoeCombine> {
     const c10::cuda::CUDAGuard guard(ys.device());
     const auto g = grads[0].to(ys.scalar_type()).contiguous();
     auto dys = at::empty_like(ys), dw = at::empty_like(w);
-    check_launch(cuda::moe_combine_backward(decode_dtype(ys.scalar_type()), g.data_ptr(), ys.data_ptr(),
-                                            inv.data_ptr<int64_t>(), w.data_ptr<float>(), dys.data_ptr(),
-                                            dw.data_ptr<float>(), w.size(0), static_cast<int>(w.size(1)), ys.size(1),
-                                            c10::cuda::getCurrentCUDAStream(ys.device().index()).stream()));
+    check_launch(cuda::moe_combine_backward(
+        decode_dtype(ys.scalar_type()), g.data_ptr(), ys.data_ptr(), inv.data_ptr<int64_t>(), w.data_ptr<float>(),
+        dys.data_ptr(), dw.data_ptr<float>(), w.size(0), static_cast<int>(w.size(1)), ys.size(1), current_stream(ys)));
     return {dys, {}, dw};
   }
 };

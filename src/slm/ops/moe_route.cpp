@@ -9,7 +9,6 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/moe_route_kernel.h"
 #endif
@@ -42,9 +41,9 @@ std::pair<at::Tensor, at::Tensor> moe_route_fused(const at::Tensor& logits_in, c
   const auto bias = bias_in.to(at::kFloat).contiguous();
   auto experts = at::empty({n, k}, logits.options().dtype(at::kLong));
   auto weights = at::empty({n, k}, logits.options());
-  const std::string err = cuda::moe_route(logits.data_ptr<float>(), bias.data_ptr<float>(), experts.data_ptr<int64_t>(),
-                                          weights.data_ptr<float>(), n, e, k, static_cast<float>(scaling_factor),
-                                          c10::cuda::getCurrentCUDAStream(logits.device().index()).stream());
+  const std::string err =
+      cuda::moe_route(logits.data_ptr<float>(), bias.data_ptr<float>(), experts.data_ptr<int64_t>(),
+                      weights.data_ptr<float>(), n, e, k, static_cast<float>(scaling_factor), current_stream(logits));
   if (!err.empty()) throw Error("moe_route_fused: " + err);
   return {experts, weights};
 #else
@@ -76,10 +75,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> expert_order_fused(co
   auto order = at::empty({m}, experts.options()), inv = at::empty({m}, experts.options()),
        token = at::empty({m}, experts.options());
   auto ends = at::empty({num_experts}, experts.options().dtype(at::kInt));
-  const std::string err =
-      cuda::expert_order(experts.data_ptr<int64_t>(), m, experts.size(1), num_experts, order.data_ptr<int64_t>(),
-                         inv.data_ptr<int64_t>(), token.data_ptr<int64_t>(), ends.data_ptr<int32_t>(),
-                         c10::cuda::getCurrentCUDAStream(experts.device().index()).stream());
+  const std::string err = cuda::expert_order(
+      experts.data_ptr<int64_t>(), m, experts.size(1), num_experts, order.data_ptr<int64_t>(), inv.data_ptr<int64_t>(),
+      token.data_ptr<int64_t>(), ends.data_ptr<int32_t>(), current_stream(experts));
   if (!err.empty()) throw Error("expert_order_fused: " + err);
   return {order, inv, token, ends};
 #else

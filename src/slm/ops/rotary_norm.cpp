@@ -11,7 +11,6 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/rotary_norm_kernel.h"
 #endif
@@ -49,10 +48,9 @@ at::Tensor rotary_norm_step(const at::Tensor& x_in, const at::Tensor& positions,
   const auto x = x_in.contiguous();
   auto out = at::empty_like(x);
   const auto dtype = decode_dtype(x.scalar_type());
-  const std::string err =
-      cuda::rotary_norm(dtype, x.data_ptr(), out.data_ptr(), positions.data_ptr<int64_t>(), cos.data_ptr(),
-                        sin.data_ptr(), weight.defined() ? weight.data_ptr() : nullptr, b, heads, half,
-                        static_cast<float>(eps), c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+  const std::string err = cuda::rotary_norm(
+      dtype, x.data_ptr(), out.data_ptr(), positions.data_ptr<int64_t>(), cos.data_ptr(), sin.data_ptr(),
+      weight.defined() ? weight.data_ptr() : nullptr, b, heads, half, static_cast<float>(eps), current_stream(x));
   if (!err.empty()) throw Error("rotary_norm_step: " + err);
   return out;
 #else
@@ -91,9 +89,8 @@ class FusedRotaryNorm : public torch::autograd::Function<FusedRotaryNorm> {
                             const at::Tensor& cos, const at::Tensor& sin, int64_t start, double eps) {
     const c10::cuda::CUDAGuard guard(x.device());
     auto out = at::empty_like(x);
-    const std::string err =
-        cuda::rotary_norm_train_forward(train_args(x, weight, ids, cos, sin, start, eps), x.data_ptr(), out.data_ptr(),
-                                        c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+    const std::string err = cuda::rotary_norm_train_forward(train_args(x, weight, ids, cos, sin, start, eps),
+                                                            x.data_ptr(), out.data_ptr(), current_stream(x));
     if (!err.empty()) throw Error("rotary_norm_train: " + err);
     ctx->save_for_backward({x, weight, ids, cos, sin});
     ctx->saved_data["start"] = start;
@@ -115,8 +112,7 @@ class FusedRotaryNorm : public torch::autograd::Function<FusedRotaryNorm> {
                            : at::Tensor();
     const std::string err = cuda::rotary_norm_train_backward(
         train_args(x, weight, ids, cos, sin, ctx->saved_data["start"].toInt(), ctx->saved_data["eps"].toDouble()),
-        x.data_ptr(), g.data_ptr(), gx.data_ptr(), want_w ? partials.data_ptr<float>() : nullptr,
-        c10::cuda::getCurrentCUDAStream(x.device().index()).stream());
+        x.data_ptr(), g.data_ptr(), gx.data_ptr(), want_w ? partials.data_ptr<float>() : nullptr, current_stream(x));
     if (!err.empty()) throw Error("rotary_norm_train backward: " + err);
     const auto gw = want_w ? partials.sum(0).to(weight.scalar_type()).reshape(weight.sizes()) : at::Tensor();
     return {gx, gw, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};

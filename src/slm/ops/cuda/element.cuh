@@ -3,7 +3,10 @@
 // the tensor's dtype where the tensor ops they replace round (rotary_norm_kernel.cu, residual_mix_kernel.cu, ...).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
+#include <atomic>
+#include <cstdint>
 #include <type_traits>
 
 #include "slm/ops/cuda/decode_attention_kernels.h"
@@ -56,5 +59,19 @@ auto with_element_type(DecodeDtype dtype, F&& f) {
 // The element type behind such a tag.
 template <class Tag>
 using TagType = std::remove_const_t<std::remove_pointer_t<Tag>>;
+
+// The current device's SM count, read once per device: the grid caps of the grid-stride kernels are a few waves of
+// CTAs on whatever GPU runs them (132 SMs on an H100/H200 SXM, 114 on the PCIe H100).
+inline int64_t multiprocessors() {
+  static std::atomic<int> count[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) return 132;
+  int n = count[dev].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || n <= 0) n = 132;
+    count[dev].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
 
 }  // namespace slm::ops::cuda

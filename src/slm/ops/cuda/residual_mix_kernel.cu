@@ -326,7 +326,7 @@ std::string residual_mix_backward(DecodeDtype y_dtype, const float* g, const flo
 }
 
 int64_t residual_mix_norm_backward_blocks(int64_t rows) {
-  return std::max<int64_t>(1, std::min<int64_t>((rows + kNormWarps - 1) / kNormWarps, 132 * 4));
+  return std::max<int64_t>(1, std::min<int64_t>((rows + kNormWarps - 1) / kNormWarps, multiprocessors() * 4));
 }
 
 std::string residual_mix_norm_train(DecodeDtype dtype, const float* x, const void* y, const float* r, const float* x0,
@@ -334,7 +334,8 @@ std::string residual_mix_norm_train(DecodeDtype dtype, const float* x, const voi
                                     int64_t rows, int64_t d, void* stream) {
   if (rows == 0) return "";
   if (d % 4 != 0 || d > kMaxMixNormWidth) return "residual mix norm kernel: width " + std::to_string(d);
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((rows + kNormWarps - 1) / kNormWarps, 132 * 16));
+  const auto blocks =
+      static_cast<unsigned>(std::min<int64_t>((rows + kNormWarps - 1) / kNormWarps, multiprocessors() * 16));
   with_element_type(dtype, [&](auto tag) {
     using T = TagType<decltype(tag)>;
     with_row_vectors(d, [&](auto vec) {

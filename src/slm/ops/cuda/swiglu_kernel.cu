@@ -96,7 +96,8 @@ __global__ void silu_gate_backward_kernel(const T* __restrict__ g, const float* 
 constexpr int kThreads = 256;
 
 unsigned grid(int64_t groups) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((groups + kThreads - 1) / kThreads, 132 * 16)));
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min<int64_t>((groups + kThreads - 1) / kThreads, multiprocessors() * 16)));
 }
 
 std::string launched(const char* what) {
