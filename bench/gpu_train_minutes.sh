@@ -5,7 +5,7 @@
 #   BIN=.devbin/slm DATA=pack.slmpack RUN=/tmp/runs/after MINUTES=20 SEGMENT=8 bash bench/gpu_train_minutes.sh
 # The first call measures the program's tokens/s in a short probe run and sets --steps so that the WSD schedule ends
 # with the time; the call in which the steps or the minutes run out scores the run on the validation split of every
-# domain (slm eval, BF16 as trained) into RUN/eval-validation.json. Prints "done" then.
+# domain (slm eval, BF16 as trained) into RUN/eval-validation.json and RUN/eval-test.json. Prints "done" then.
 # BIN may be an older build of slm (it needs train --max-minutes/--resume and eval); DATA a pack or shard directory.
 set -euo pipefail
 : "${BIN:?}" "${DATA:?}" "${RUN:?}"
@@ -59,8 +59,10 @@ fi
 spent=$(cat "$RUN.spent_s")
 echo "$RUN: step $(last_step) of $steps after $(python3 -c "print(round($spent / 60, 2))") minutes"
 if [[ $(last_step) -ge $steps ]] || python3 -c "import sys; sys.exit(0 if $spent >= $MINUTES * 60 - 3 else 1)"; then
-  [[ -f $RUN/eval-validation.json ]] ||
-    "$BIN" eval --checkpoint "$RUN" --device "${DEVICE:-cuda}" $([[ ${DEVICE:-cuda} == cuda ]] && echo --bf16) --batches "${FINAL_EVAL_BATCHES:-8}" --json \
-      >"$RUN/eval-validation.json" 2>"$RUN.eval.log"
+  for split in validation test; do  # a small domain may have no validation documents but some test ones
+    [[ -f $RUN/eval-$split.json ]] ||
+      "$BIN" eval --checkpoint "$RUN" --device "${DEVICE:-cuda}" $([[ ${DEVICE:-cuda} == cuda ]] && echo --bf16) \
+        --split $split --batches "${FINAL_EVAL_BATCHES:-8}" --json >"$RUN/eval-$split.json" 2>"$RUN.eval-$split.log"
+  done
   echo done
 fi
