@@ -19,6 +19,7 @@ EVAL_BATCHES=${EVAL_BATCHES:-2}
 PROBE_STEPS=${PROBE_STEPS:-12}
 TRAIN_ARGS=${TRAIN_ARGS:-}  # more options of the first slm train, e.g. --mix cpp=4 --mix cmake=1
 
+mkdir -p "$(dirname "$RUN")"
 spent=$(cat "$RUN.spent_s" 2>/dev/null || echo 0)
 if [[ ! -f $RUN.steps ]]; then
   rm -rf "$RUN" "$RUN.probe"
