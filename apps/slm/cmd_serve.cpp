@@ -94,9 +94,13 @@ void add_serve_command(CLI::App& app) {
   s->add_option("--port", f->http.port, "port (0: any free port)")->capture_default_str();
   s->add_option("--threads", f->http.threads, "HTTP worker threads (concurrent connections)")->capture_default_str();
   s->add_option("--max-queue", f->load.max_queue, "waiting requests per specialist before 503")->capture_default_str();
-  s->add_option("--slots", f->load.slots,
-                "sequences each specialist generates at once (continuous batching)")
+  s->add_option("--slots", f->load.slots, "sequences each specialist generates at once (continuous batching)")
       ->check(CLI::Range(int64_t{1}, int64_t{256}))
+      ->capture_default_str();
+  s->add_option("--prefix-cache-mib", f->load.prefix_cache_mib,
+                "memory each specialist may keep for the states of recent prompt prefixes (KV caches and recurrent "
+                "states at every 512-token boundary), reused by later prompts that start the same; 0: off")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   s->add_option("--default-max-tokens", f->http.default_max_tokens, "max_tokens when a request gives none")
       ->capture_default_str();

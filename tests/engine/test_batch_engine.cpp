@@ -210,12 +210,21 @@ TEST(BatchEngine, PrefixCacheRestoresStatesThatGiveTheSameTokens) {
   EXPECT_EQ(run(*eng, b), 16);
   EXPECT_EQ(run(*eng, a), 16 + 24);  // the whole prompt: no prefill at all
   EXPECT_EQ(run(*eng, other), 40);
-  // A cache of 12 tokens keeps only the prefixes that fit in it: a's first 8 tokens.
-  o.prefix_cache_tokens = 12;
+  // A budget between the memory of an 8-token and a 16-token prefix (its state and its [1, V] logits) keeps only the
+  // prefixes that fit in it: a's first 8 tokens.
+  const int64_t logits = m->recipe().vocab_size * 4;
+  o.prefix_cache_bytes = (m->new_state(1, 8).bytes() + m->new_state(1, 16).bytes()) / 2 + logits;
   auto small = make_batch_engine({m}, o);
   EXPECT_EQ(run(*small, a), 0);
   EXPECT_EQ(run(*small, b), 8);
-  o.prefix_cache_tokens = 0;
+  // Room for one 8-token prefix: a later one takes the place of the least recently used.
+  o.prefix_cache_bytes = m->new_state(1, 8).bytes() + logits;
+  auto one = make_batch_engine({m}, o);
+  EXPECT_EQ(run(*one, a), 0);
+  EXPECT_EQ(run(*one, a), 8);
+  EXPECT_EQ(run(*one, other), 8);  // other's first 8 tokens take the place of a's
+  EXPECT_EQ(run(*one, a), 8);      // so a starts from nothing again
+  o.prefix_cache_bytes = 0;
   auto off = make_batch_engine({m}, o);
   run(*off, a);
   EXPECT_EQ(run(*off, a), 0);

@@ -112,6 +112,24 @@ TEST(Decode, CapacityAndShapesAreChecked) {
   EXPECT_THROW(m->decode(random_tokens(1, 2, 384, 17), state), Error);
 }
 
+// The memory a state keeps, counted by hand for tiny-ae (d 128, pattern AE x 6, 2 KV heads of 32, one MTP module):
+// three attention layers with keys and values [B, 2, capacity, 32], the token history [B, capacity] int64, the
+// hidden history [B, capacity, 128] for MTP, and the positions [B] int64 that the attention caches share, once.
+TEST(Decode, StateBytesCountEveryBufferOnce) {
+  auto m = random_tiny(25);
+  auto state = m->new_state(2, 10);
+  const int64_t kv = 3 * 2 * (2 * 2 * 10 * 32) * 4, tokens = 2 * 10 * 8, hidden = 2 * 10 * 128 * 4, positions = 2 * 8;
+  EXPECT_EQ(state.bytes(), kv + tokens + hidden + positions);
+  // A view of rows keeps the whole buffers alive; two states together count what each holds.
+  EXPECT_EQ(state.view_rows(1, 1).bytes(), state.bytes());
+  auto other = m->new_state(1, 4);
+  std::vector<torch::Tensor> both;
+  state.collect_tensors(both);
+  other.collect_tensors(both);
+  state.view_rows(0, 1).collect_tensors(both);
+  EXPECT_EQ(model::distinct_storage_bytes(both), state.bytes() + other.bytes());
+}
+
 TEST(Decode, MtpDraftsMatchTheTrainingPathAndLeaveTheStateAlone) {
   single_threaded();
   auto j = micro_ae_json();  // two MTP modules

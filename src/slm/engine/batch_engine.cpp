@@ -184,11 +184,11 @@ class BatchEngine final : public QueuedEngine {
     return k == static_cast<int64_t>(prompt.size()) ? best->logits : torch::Tensor();
   }
 
-  // Whether q's state after its first q.prefilled prompt tokens should be saved: the cache is on, the prefix fits its
-  // budget and is not saved already (a saved one counts as used now).
+  // Whether q's state after its first q.prefilled prompt tokens should be saved: the cache is on and the prefix is
+  // not saved already (a saved one counts as used now).
   bool prefix_wanted(const Sequence& q) {
     const int64_t k = q.prefilled;
-    if (options_.prefix_cache_tokens <= 0 || k > options_.prefix_cache_tokens) return false;
+    if (options_.prefix_cache_bytes <= 0) return false;
     const auto& prompt = q.job->request.prompt;
     for (auto& s : saved_)
       if (static_cast<int64_t>(s.tokens.size()) == k && std::equal(s.tokens.begin(), s.tokens.end(), prompt.begin())) {
@@ -198,22 +198,29 @@ class BatchEngine final : public QueuedEngine {
     return true;
   }
 
+  // The memory the saved prefixes keep alive: each state (a batch of first chunks shares one) and logits once.
+  int64_t saved_bytes() const {
+    std::vector<torch::Tensor> held;
+    for (const auto& s : saved_) {
+      s.state->collect_tensors(held);
+      held.push_back(s.logits);
+    }
+    return model::distinct_storage_bytes(held);
+  }
+
   // Saves that state (prefix_wanted said so): row `row` of `state`, which stays as it is from now on, held by
   // pointer (a batch of first chunks shares one); logits: what follows the prefix, a prefill's own output that nothing
-  // writes later. The least recently used prefixes make room.
+  // writes later. The least recently used prefixes make room; a state larger than the whole budget is not kept.
   void keep_prefix(const Sequence& q, std::shared_ptr<const model::DecodeState> state, int64_t row,
                    const torch::Tensor& logits) {
+    if (model::distinct_storage_bytes({logits}) + state->bytes() > options_.prefix_cache_bytes) return;
     const int64_t k = q.prefilled;
-    while (saved_tokens_ + k > options_.prefix_cache_tokens) {
-      auto lru = std::min_element(saved_.begin(), saved_.end(),
-                                  [](const SavedPrefix& a, const SavedPrefix& b) { return a.used < b.used; });
-      saved_tokens_ -= static_cast<int64_t>(lru->tokens.size());
-      saved_.erase(lru);
-    }
     const auto& prompt = q.job->request.prompt;
     saved_.push_back(
         {std::vector<int64_t>(prompt.begin(), prompt.begin() + k), std::move(state), row, logits, ++clock_});
-    saved_tokens_ += k;
+    while (saved_bytes() > options_.prefix_cache_bytes)  // the new prefix is the most recently used: it stays
+      saved_.erase(std::min_element(saved_.begin(), saved_.end(),
+                                    [](const SavedPrefix& a, const SavedPrefix& b) { return a.used < b.used; }));
   }
 
   // The same for a state that goes on (a prompt's own, one row): its first q.prefilled tokens copied out.
@@ -243,7 +250,7 @@ class BatchEngine final : public QueuedEngine {
       torch::Tensor logits;
       if (!q.prompt_state) {
         q.prompt_state = m.new_state(1, n);
-        if (options_.prefix_cache_tokens > 0) logits = restore_prefix(q);
+        if (options_.prefix_cache_bytes > 0) logits = restore_prefix(q);
       }
       if (!logits.defined()) {
         const int64_t end = std::min(n, (q.prefilled / step + 1) * step);
@@ -281,7 +288,7 @@ class BatchEngine final : public QueuedEngine {
   bool prefill_first_chunks() {
     auto first_chunk = [&](const Sequence& q) -> int64_t {
       const auto& prompt = q.job->request.prompt;
-      if (q.prompt_state || (options_.prefix_cache_tokens > 0 && longest_saved(prompt))) return 0;
+      if (q.prompt_state || (options_.prefix_cache_bytes > 0 && longest_saved(prompt))) return 0;
       return std::min(static_cast<int64_t>(prompt.size()), options_.prefill_chunk);
     };
     const int64_t chunk = first_chunk(prefilling_.front());
@@ -430,7 +437,6 @@ class BatchEngine final : public QueuedEngine {
   bool graphs_ = false;
   std::map<int64_t, std::unique_ptr<Bucket>> buckets_;
   std::list<SavedPrefix> saved_;
-  int64_t saved_tokens_ = 0;
   uint64_t clock_ = 0;
   std::deque<Sequence> prefilling_;
   std::vector<Sequence> rows_;  // rows_[r] runs in row r of the pool

@@ -23,8 +23,9 @@ struct DecodeEngineOptions {
   int64_t prefill_chunk = 512;      // prompt tokens per prefill step; the running sequences step between chunks
   bool cuda_graph = true;           // replay decode steps from CUDA graphs where graph_decode_blocker allows
   // Continuous batching keeps the states of recent prompts (at every prefill_chunk boundary and at the end) for
-  // later prompts that start with the same tokens, up to this many tokens in all (least recently used go first).
-  int64_t prefix_cache_tokens = 8192;
+  // later prompts that start with the same tokens, up to this many bytes of state memory in all (DecodeState::bytes:
+  // the KV caches and the recurrent states; least recently used go first; 0: off).
+  int64_t prefix_cache_bytes = int64_t{512} << 20;
 };
 
 // A model as engines share it: a generation holds `in_use` for its whole length, so engines over the same model (a

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <set>
 
 #include "slm/util/error.h"
 
@@ -76,9 +77,43 @@ void TokenCache::copy_rows(const LayerCache& src, int64_t src_row, int64_t dst_r
   }
 }
 
+void TokenCache::collect_tensors(std::vector<torch::Tensor>& out) const {
+  for (const auto& s : streams_) out.push_back(s.storage);
+  if (positions_.defined()) out.push_back(positions_);
+}
+
 int64_t TokenCache::elements_per_token() const {
   int64_t n = 0;
   for (const auto& s : streams_) n += s.storage.numel() / (capacity_ * s.storage.size(0));
+  return n;
+}
+
+void DecodeState::collect_tensors(std::vector<torch::Tensor>& out) const {
+  for (const auto& c : layers)
+    if (c) c->collect_tensors(out);
+  for (const auto* t : {&tokens, &hidden, &positions})
+    if (t->defined()) out.push_back(*t);
+  for (const auto& m : mtp) {
+    for (const auto& c : m.layers)
+      if (c) c->collect_tensors(out);
+    if (m.hidden.defined()) out.push_back(m.hidden);
+  }
+}
+
+int64_t DecodeState::bytes() const {
+  std::vector<torch::Tensor> t;
+  collect_tensors(t);
+  return distinct_storage_bytes(t);
+}
+
+int64_t distinct_storage_bytes(const std::vector<torch::Tensor>& tensors) {
+  std::set<const void*> seen;
+  int64_t n = 0;
+  for (const auto& t : tensors) {
+    if (!t.defined() || !t.has_storage()) continue;
+    const auto& s = t.storage();
+    if (seen.insert(s.unsafeGetStorageImpl()).second) n += static_cast<int64_t>(s.nbytes());
+  }
   return n;
 }
 

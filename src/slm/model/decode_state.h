@@ -36,6 +36,7 @@ class TokenCache : public LayerCache {
   void shift_length(int64_t n) override { length_ += n; }
   std::unique_ptr<LayerCache> view_rows(int64_t begin, int64_t count) override;
   void copy_rows(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t rows, int64_t tokens) override;
+  void collect_tensors(std::vector<torch::Tensor>& out) const override;
   void set_positions(torch::Tensor positions) { positions_ = std::move(positions); }
   const torch::Tensor& positions() const { return positions_; }
   // Elements stored per token and sequence over all streams (the KV-cache footprint of the layer).
@@ -94,6 +95,14 @@ struct DecodeState {
   void copy_row(const DecodeState& src, int64_t src_row, int64_t dst_row, int64_t tokens) {
     copy_rows(src, src_row, dst_row, 1, tokens);
   }
+  // Appends every tensor the state holds: the caches', the histories, the MTP caches.
+  void collect_tensors(std::vector<torch::Tensor>& out) const;
+  // The memory the state keeps alive: the bytes of each distinct storage under its tensors (a view of another state
+  // counts that state's whole buffers; the positions every attention cache shares count once).
+  int64_t bytes() const;
 };
+
+// The bytes of the distinct storages under tensors (each counted once however many tensors view it).
+int64_t distinct_storage_bytes(const std::vector<torch::Tensor>& tensors);
 
 }  // namespace slm::model

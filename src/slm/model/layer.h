@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "slm/model/documents.h"
 #include "slm/model/modules.h"
@@ -32,6 +33,8 @@ class LayerCache {
   // one, one copy per buffer whatever `rows` is; the counters do not move. Throws slm::Error for a cache of another
   // kind or rows, tokens out of range.
   virtual void copy_rows(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t rows, int64_t tokens) = 0;
+  // Appends every tensor the cache holds (buffers, rollback history), for the memory it keeps (DecodeState::bytes).
+  virtual void collect_tensors(std::vector<torch::Tensor>& out) const = 0;
 };
 
 class Layer : public torch::nn::Module {

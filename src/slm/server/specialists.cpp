@@ -65,6 +65,7 @@ void Specialists::add(std::string name, std::shared_ptr<model::HybridLM> m, std:
   eo.banned_ids = s->chat->banned_ids(vocab);
   eo.max_queue = o.max_queue;
   eo.slots = o.slots;
+  eo.prefix_cache_bytes = o.prefix_cache_mib << 20;
   s->model = engine::EngineModel{std::move(m)};
   s->engine = engine::make_decode_engine(s->model, eo);
   max_queue_ = o.max_queue;

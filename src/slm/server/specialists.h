@@ -30,10 +30,10 @@ struct Specialist {
   std::unique_ptr<engine::ChatTemplate> chat;
   std::unique_ptr<engine::Engine> engine;
   engine::EngineModel model;  // shared with the mixtures the specialist takes part in
-  std::string weights;  // the weights file, or "random" when none was loaded
-  int64_t parameters = 0;    // dense parameter count (NVFP4 matrices released their dense weights)
-  int64_t weight_bytes = 0;  // everything the weights occupy (model::weight_memory), NVFP4 at its packed size
-  int64_t nvfp4_bytes = 0;   // of which NVFP4
+  std::string weights;        // the weights file, or "random" when none was loaded
+  int64_t parameters = 0;     // dense parameter count (NVFP4 matrices released their dense weights)
+  int64_t weight_bytes = 0;   // everything the weights occupy (model::weight_memory), NVFP4 at its packed size
+  int64_t nvfp4_bytes = 0;    // of which NVFP4
 };
 
 struct LoadOptions {
@@ -42,6 +42,7 @@ struct LoadOptions {
   uint64_t seed = 0;                  // the random weights' seed (specialist i of a manifest: seed + i)
   size_t max_queue = 64;              // waiting requests per specialist
   int64_t slots = 8;                  // sequences each specialist generates at once (continuous batching)
+  int64_t prefix_cache_mib = 512;     // each specialist's prompt-prefix state cache (0: off)
 };
 
 // The router's choice: specialists by probability (the mass of the labels each answers, renormalised over the

@@ -81,6 +81,10 @@ class EngramLayerCache : public LayerCache {
   }
   std::unique_ptr<LayerCache> view_rows(int64_t begin, int64_t count) override;
   void copy_rows(const LayerCache& src, int64_t src_row, int64_t dst_row, int64_t rows, int64_t tokens) override;
+  void collect_tensors(std::vector<torch::Tensor>& out) const override {
+    if (layer) layer->collect_tensors(out);
+    engram.collect_tensors(out);
+  }
   std::unique_ptr<LayerCache> layer;
   EngramCache engram;
 };

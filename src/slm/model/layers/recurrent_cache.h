@@ -73,6 +73,15 @@ class RecurrentCache : public LayerCache {
     }
   }
 
+  void collect_tensors(std::vector<at::Tensor>& out) const override {
+    auto add = [&](State s) {
+      for (at::Tensor* t : s.tensors())
+        if (t->defined()) out.push_back(*t);
+    };
+    add(state_);
+    for (const auto& h : history_) add(h);
+  }
+
   void rollback(int64_t n) override {
     if (n == 0) return;
     const auto kept = static_cast<int64_t>(history_.size());
