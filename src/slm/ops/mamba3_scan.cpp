@@ -363,12 +363,13 @@ const float* ptr_or_null(const at::Tensor& t) {
   return t.defined() && t.numel() > 0 ? t.data_ptr<float>() : nullptr;
 }
 
-// x [B, T, H, P], bn [B, T, G, N] and theta [B, T, S] give the kernels' shape.
+// x [B, T, H, P], bn [B, T, R, G, N] and theta [B, T, S] give the kernels' shape.
 cuda::Mamba3Shape fused_shape(const at::Tensor& x, const at::Tensor& bn, const at::Tensor& theta) {
-  return {x.size(0), x.size(1), x.size(2), bn.size(2), x.size(3), bn.size(3), theta.size(2)};
+  return {x.size(0), x.size(1), x.size(2), bn.size(3), x.size(3), bn.size(4), theta.size(2), bn.size(2)};
 }
 
-// The FusedScan inputs in their order: x, bn, cn, b_bias, c_bias, dt, theta, angle0, a, gamma, sigma, d, start.
+// The FusedScan inputs in their order: x, bn, cn, b_bias, c_bias, dt, theta, angle0, a, gamma, sigma, d, start,
+// mimo_x.
 cuda::Mamba3ScanInputs scan_inputs(const variable_list& t) {
   auto f = [&](int i) -> const float* { return t[i].data_ptr<float>(); };
   return {f(0),
@@ -383,27 +384,28 @@ cuda::Mamba3ScanInputs scan_inputs(const variable_list& t) {
           f(9),
           f(10),
           f(11),
+          ptr_or_null(t[13]),
           t[12].numel() > 0 ? t[12].data_ptr<uint8_t>() : nullptr};
 }
 
-// The SISO scan through the fused kernels of ops/cuda/mamba3_scan_kernels.cu, FP32 contiguous inputs:
-// x, bn, cn, b_bias [H, N], c_bias, dt, theta, angle0, a, gamma, sigma, d, start (uint8, empty: none), h0
-// -> y, h_last, final_angle.
+// The scan through the fused kernels of ops/cuda/mamba3_scan_kernels.cu, FP32 contiguous inputs:
+// x, bn [B, T, R, G, N], cn, b_bias [H, R, N], c_bias, dt, theta, angle0, a, gamma, sigma, d, start (uint8, empty:
+// none), mimo_x [H, R, P] (empty: SISO), h0 -> y [B, T, H, R, P], h_last, final_angle.
 class FusedScan : public torch::autograd::Function<FusedScan> {
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& bn, const at::Tensor& cn,
                                const at::Tensor& b_bias, const at::Tensor& c_bias, const at::Tensor& dt,
                                const at::Tensor& theta, const at::Tensor& angle0, const at::Tensor& a,
                                const at::Tensor& gamma, const at::Tensor& sigma, const at::Tensor& d,
-                               const at::Tensor& start, const at::Tensor& h0) {
+                               const at::Tensor& start, const at::Tensor& mimo_x, const at::Tensor& h0) {
     const c10::cuda::CUDAGuard guard(x.device());
     const auto s = fused_shape(x, bn, theta);
-    const int64_t chunks = (s.tokens + cuda::mamba3_chunk() - 1) / cuda::mamba3_chunk();
-    const variable_list in = {x, bn, cn, b_bias, c_bias, dt, theta, angle0, a, gamma, sigma, d, start};
+    const int64_t chunk = cuda::mamba3_chunk(s.rank), chunks = (s.tokens + chunk - 1) / chunk;
+    const variable_list in = {x, bn, cn, b_bias, c_bias, dt, theta, angle0, a, gamma, sigma, d, start, mimo_x};
     // Inside forward grad mode is off, but the inputs still say whether a backward can follow.
     bool training = h0.requires_grad();
     for (const auto& t : in) training = training || t.requires_grad();
-    auto y = at::empty_like(x);
+    auto y = at::empty({s.batch, s.tokens, s.heads, s.rank, s.headdim}, x.options());
     auto h_last = at::empty_like(h0);
     auto final_angle = at::empty_like(angle0);
     at::Tensor cps_state, cps_phase;
@@ -434,27 +436,30 @@ class FusedScan : public torch::autograd::Function<FusedScan> {
     const auto dy = f32(grads[0]), dh_last = f32(grads[1]), dfinal = f32(grads[2]);
     const auto o = x.options();
     auto dx = at::empty_like(x);
-    auto dk_pre = at::empty({s.batch, s.tokens, s.heads, s.d_state}, o), dq_pre = at::empty_like(dk_pre);
+    auto dk_pre = at::empty({s.batch, s.tokens, s.rank, s.heads, s.d_state}, o), dq_pre = at::empty_like(dk_pre);
     auto da = at::empty_like(saved[8]), dgamma = at::empty_like(da), dsigma = at::empty_like(da);
     auto ddt = at::zeros_like(da), dtheta = at::zeros_like(theta), dangle0 = at::empty_like(angle0);
     auto dd = at::zeros({s.heads}, o), dh0 = at::empty({s.batch, s.heads, s.headdim, s.d_state}, o);
-    const cuda::Mamba3ScanGrads g{dx.data_ptr<float>(),      dk_pre.data_ptr<float>(), dq_pre.data_ptr<float>(),
-                                  da.data_ptr<float>(),      dgamma.data_ptr<float>(), dsigma.data_ptr<float>(),
-                                  dangle0.data_ptr<float>(), dh0.data_ptr<float>(),    ddt.data_ptr<float>(),
-                                  dtheta.data_ptr<float>(),  dd.data_ptr<float>()};
-    const cuda::Mamba3Checkpoints cps{saved[13].data_ptr<float>(), saved[14].data_ptr<float>()};
+    const bool mimo = saved[13].numel() > 0;
+    auto dmimo_x = mimo ? at::zeros_like(saved[13]) : at::Tensor();
+    const cuda::Mamba3ScanGrads g{
+        dx.data_ptr<float>(),      dk_pre.data_ptr<float>(), dq_pre.data_ptr<float>(),
+        da.data_ptr<float>(),      dgamma.data_ptr<float>(), dsigma.data_ptr<float>(),
+        dangle0.data_ptr<float>(), dh0.data_ptr<float>(),    ddt.data_ptr<float>(),
+        dtheta.data_ptr<float>(),  dd.data_ptr<float>(),     mimo ? dmimo_x.data_ptr<float>() : nullptr};
+    const cuda::Mamba3Checkpoints cps{saved[14].data_ptr<float>(), saved[15].data_ptr<float>()};
     check_launch(cuda::mamba3_backward(s, scan_inputs(saved), cps, ptr_or_null(dy), ptr_or_null(dh_last),
                                        ptr_or_null(dfinal), g,
                                        c10::cuda::getCurrentCUDAStream(x.device().index()).stream()));
-    // Heads share their group's B and C, and every token adds to the biases.
+    // Heads share their group's B and C, and every token adds to the biases ([R, H, N] -> [H, R, N]).
     auto to_groups = [&](const at::Tensor& t) {
-      return t.view({s.batch, s.tokens, s.groups, s.heads / s.groups, s.d_state}).sum(3);
+      return t.view({s.batch, s.tokens, s.rank, s.groups, s.heads / s.groups, s.d_state}).sum(4);
     };
     return {dx,
             to_groups(dk_pre),
             to_groups(dq_pre),
-            dk_pre.sum(at::IntArrayRef{0, 1}),
-            dq_pre.sum(at::IntArrayRef{0, 1}),
+            dk_pre.sum(at::IntArrayRef{0, 1}).transpose(0, 1),
+            dq_pre.sum(at::IntArrayRef{0, 1}).transpose(0, 1),
             ddt,
             dtheta,
             dangle0,
@@ -463,6 +468,7 @@ class FusedScan : public torch::autograd::Function<FusedScan> {
             dsigma,
             dd,
             {},
+            dmimo_x,
             dh0};
   }
 };
@@ -557,9 +563,11 @@ std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, con
 bool mamba3_fused(const Mamba3Projections& p, const Mamba3Weights& w) {
 #ifdef SLM_WITH_CUDA
   if (!p.x.defined() || !p.x.is_cuda() || p.x.dim() != 4 || p.x.scalar_type() == at::kDouble) return false;
-  if (w.mimo_x.defined() || !p.b.defined() || p.b.dim() != 5 || p.b.size(2) != 1) return false;
-  if (!p.angle.defined() || p.angle.dim() != 3) return false;
-  return cuda::mamba3_supported(p.x.size(3), p.b.size(4), p.angle.size(2));
+  if (!p.b.defined() || p.b.dim() != 5 || !p.angle.defined() || p.angle.dim() != 3) return false;
+  // Rank R > 1 is MIMO: it comes with mimo_x (check_projections throws on the other combinations).
+  const int64_t rank = p.b.size(2);
+  if (w.mimo_x.defined() != (rank > 1)) return false;
+  return cuda::mamba3_supported(p.x.size(3), p.b.size(4), p.angle.size(2), rank);
 #else
   (void)p, (void)w;
   return false;
@@ -571,12 +579,12 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_fused(const Mamba3Projections& p,
   check_projections(p, w, state.angle, start);
   if (!mamba3_fused(p, w))
     throw Error(
-        "mamba3: the fused scan does not take this layer (CUDA, SISO, FP32/BF16, "
-        "headdim 32/64, d_state 32/64/128)");
+        "mamba3: the fused scan does not take this layer (CUDA, FP32/BF16, headdim 32/64, SISO with d_state "
+        "32/64/128 or MIMO rank 2/4 with d_state 64/128)");
 #ifdef SLM_WITH_CUDA
-  const int64_t b = p.x.size(0), t = p.x.size(1), h = p.x.size(2), pd = p.x.size(3), g = p.b.size(3), n = p.b.size(4);
+  const int64_t b = p.x.size(0), t = p.x.size(1), h = p.x.size(2), pd = p.x.size(3), r = p.b.size(2), n = p.b.size(4);
   expect_shape(state.ssm, {b, h, pd, n}, "state ssm");
-  expect_shape(state.k, {b, h, 1, n}, "state k");
+  expect_shape(state.k, {b, h, r, n}, "state k");
   expect_shape(state.x, {b, h, pd}, "state x");
   // The kernels have their own backward in FP32: autocast stays off inside, like the reference's compute type.
   const bool autocast = at::autocast::is_autocast_enabled(at::kCUDA);
@@ -588,20 +596,22 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_fused(const Mamba3Projections& p,
     const auto bn = normed(p.b, w.b_norm, w, f32), cn = normed(p.c, w.c_norm, w, f32);
     // σ_t = γ_t + ε_{t+1}; the last token's ε_{t+1} belongs to the next call (via the state's pending term).
     const auto sigma = sc.gamma + at::constant_pad_nd(sc.eps.narrow(1, 1, t - 1), {0, 0, 0, 1});
+    const bool mimo = w.mimo_x.defined();
+    const auto mimo_x = mimo ? c(w.mimo_x) : at::empty({0}, p.x.options().dtype(f32));
     // H_0 takes the pending β term of the cached token, as in mamba3_scan_chunked.
-    const auto h0 = state.ssm.to(f32) + sc.eps.select(1, 0).unsqueeze(-1).unsqueeze(-1) *
-                                            outer_sum(state.x.to(f32).unsqueeze(2), state.k.to(f32));
+    const auto h0 =
+        state.ssm.to(f32) + sc.eps.select(1, 0).unsqueeze(-1).unsqueeze(-1) *
+                                outer_sum(rank_values(state.x.to(f32), mimo ? mimo_x : at::Tensor()), state.k.to(f32));
     const auto st =
         sc.start.defined() ? sc.start.to(at::kByte).contiguous() : at::empty({0}, p.x.options().dtype(at::kByte));
     const auto x = c(p.x);
-    auto out = FusedScan::apply(x, bn.view({b, t, g, n}).contiguous(), cn.view({b, t, g, n}).contiguous(),
-                                c(w.b_bias.view({h, n})), c(w.c_bias.view({h, n})), sc.dt.contiguous(),
+    auto out = FusedScan::apply(x, bn.contiguous(), cn.contiguous(), c(w.b_bias), c(w.c_bias), sc.dt.contiguous(),
                                 sc.theta.contiguous(), c(state.angle), sc.a.contiguous(), sc.gamma.contiguous(),
-                                sigma.contiguous(), c(w.d), st, h0.contiguous());
+                                sigma.contiguous(), c(w.d), st, mimo_x, h0.contiguous());
     // The carried key is the last token's, rotated by the phase after it.
-    auto k_last = heads_of(bn.narrow(1, t - 1, 1), w.b_bias, out[2].unsqueeze(1), h, false).select(1, 0);
+    auto k_last = heads_of(bn.narrow(1, t - 1, 1), w.b_bias, out[2].unsqueeze(1), h, mimo).select(1, 0);
     at::autocast::set_autocast_enabled(at::kCUDA, autocast);
-    return {out[0].unsqueeze(3), {out[2], out[1], k_last, x.select(1, t - 1)}};
+    return {out[0], {out[2], out[1], k_last, x.select(1, t - 1)}};
   } catch (...) {
     at::autocast::set_autocast_enabled(at::kCUDA, autocast);
     throw;

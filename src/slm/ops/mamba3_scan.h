@@ -90,12 +90,12 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_chunked(const Mamba3Sequence& s, 
 // One decode step: s holds a single token (T == 1).
 std::pair<at::Tensor, Mamba3State> mamba3_step(const Mamba3Sequence& s, const Mamba3State& state);
 
-// Whether mamba3_scan_fused takes this layer: a CUDA build, CUDA inputs in FP32 or BF16, SISO, headdim 32 or 64,
-// d_state 32, 64 or 128.
+// Whether mamba3_scan_fused takes this layer: a CUDA build, CUDA inputs in FP32 or BF16, headdim 32 or 64, and SISO
+// with d_state 32, 64 or 128 or MIMO rank 2 or 4 with d_state 64 or 128.
 bool mamba3_fused(const Mamba3Projections& p, const Mamba3Weights& w);
 
 // Preprocessing and the chunked scan in one: the same function as mamba3_preprocess followed by mamba3_scan_chunked
-// (y [B, T, H, 1, P] in FP32, the state after the last token), with the keys built, rotated and scanned inside the
+// (y [B, T, H, R, P] in FP32, the state after the last token), with the keys built, rotated and scanned inside the
 // fused CUDA kernels (ops/cuda/mamba3_scan_kernels.cu) and their own backward. Throws slm::Error where
 // mamba3_fused is false or on inconsistent shapes.
 std::pair<at::Tensor, Mamba3State> mamba3_scan_fused(const Mamba3Projections& p, const Mamba3Weights& w,
