@@ -18,7 +18,6 @@
 
 #ifdef SLM_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
 #include "slm/ops/cuda/mamba3_scan_kernels.h"
 #include "slm/ops/cuda/mamba3_step_kernel.h"
@@ -417,7 +416,7 @@ class FusedScan : public torch::autograd::Function<FusedScan> {
                                       training ? cps_phase.data_ptr<float>() : nullptr};
     check_launch(cuda::mamba3_forward(s, scan_inputs(in), h0.data_ptr<float>(), y.data_ptr<float>(),
                                       h_last.data_ptr<float>(), final_angle.data_ptr<float>(), cps,
-                                      c10::cuda::getCurrentCUDAStream(x.device().index()).stream()));
+                                      current_stream(x)));
     if (training) {
       auto saved = in;
       saved.push_back(cps_state);
@@ -450,7 +449,7 @@ class FusedScan : public torch::autograd::Function<FusedScan> {
     const cuda::Mamba3Checkpoints cps{saved[14].data_ptr<float>(), saved[15].data_ptr<float>()};
     check_launch(cuda::mamba3_backward(s, scan_inputs(saved), cps, ptr_or_null(dy), ptr_or_null(dh_last),
                                        ptr_or_null(dfinal), g,
-                                       c10::cuda::getCurrentCUDAStream(x.device().index()).stream()));
+                                       current_stream(x)));
     // Heads share their group's B and C, and every token adds to the biases ([R, H, N] -> [H, R, N]).
     auto to_groups = [&](const at::Tensor& t) {
       return t.view({s.batch, s.tokens, s.rank, s.groups, s.heads / s.groups, s.d_state}).sum(4);
@@ -555,7 +554,7 @@ std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, con
   }
 #ifdef SLM_WITH_CUDA
   check_launch(cuda::mamba3_step(shape, proj.scalar_type() == at::kBFloat16, args,
-                                 c10::cuda::getCurrentCUDAStream(proj.device().index()).stream()));
+                                 current_stream(proj)));
 #endif
   return {y, next};
 }
