@@ -432,6 +432,15 @@ TEST_F(TrainerFixture, PlotComparesRunsAgainstTrainingMinutes) {
   // fast: 600 / 20 = 30 s = 0.5 min, then (1800 - 600) / 10 = 120 s more: 2.5 min. slow: 600 / 5 = 120 s = 2 min.
   EXPECT_EQ(read_file(dir + "/cmp.png.plot/loss-fast.dat"), "0.5 9\n2.5 7\n");
   EXPECT_EQ(read_file(dir + "/cmp.png.plot/loss-slow.dat"), "2 9.5\n");
+  // Two runs of the same directory name stay two lines: the second is named by its whole path.
+  make_dirs(dir + "/again/fast");
+  write_file_atomic(dir + "/again/fast/metrics.jsonl",
+                    "{\"step\":1,\"loss\":8.0,\"tokens\":100,\"tokens_per_s\":100}\n");
+  train::plot_runs_by_time({dir + "/fast", dir + "/again/fast"}, dir + "/same.png");
+  EXPECT_EQ(read_file(dir + "/same.png.plot/loss-fast.dat"), "0.5 9\n2.5 7\n");
+  const auto script = read_file(dir + "/same.png.plot/loss.gp");
+  EXPECT_NE(script.find("title 'fast'"), std::string::npos) << script;
+  EXPECT_NE(script.find("title '" + dir + "/again/fast'"), std::string::npos) << script;
   make_dirs(dir + "/empty");
   write_file_atomic(dir + "/empty/metrics.jsonl", "{\"step\":1,\"eval\":{}}\n");
   try {

@@ -1,5 +1,6 @@
 #include "slm/train/plot.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -34,7 +35,9 @@ std::string plot(const std::string& data_dir, const std::string& png, const std:
   bool first = true;
   for (const auto& [label, s] : series) {
     if (s.points.empty()) continue;
-    const std::string file = data_dir + "/" + name + "-" + label + ".dat";
+    std::string stem = label;
+    std::replace(stem.begin(), stem.end(), '/', '_');  // a label may be a path
+    const std::string file = data_dir + "/" + name + "-" + stem + ".dat";
     write_series(file, s);
     gp << (first ? "" : ", ") << single_quoted(file) << " using 1:2 with " << (s.points.size() > 1 ? "lines" : "points")
        << " lw 2 title " << single_quoted(label);
@@ -95,6 +98,7 @@ std::string plot_runs_by_time(const std::vector<std::string>& dirs, const std::s
     std::string label = dir;
     while (label.size() > 1 && label.back() == '/') label.pop_back();
     label = label.substr(label.find_last_of('/') + 1);
+    if (loss.count(label)) label = dir;  // two runs of one name (a/run, b/run) stay two lines
     auto& s = loss[label];
     double seconds = 0, last_tokens = 0;
     std::string line;
