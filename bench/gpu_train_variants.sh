@@ -9,6 +9,7 @@
 # BATCH=N sets the batch (sequences of 1024 tokens; default 16).
 # PROFILE=N also profiles N steps of each run (slm train --profile-steps) and prints each summary after the table.
 # TRACE_DIR=D copies each profiled run's Chrome trace to D/PATTERN-bBATCH.json.
+# TRAIN_ARGS="--cuda-graph" passes more options to every `slm train`.
 # Output: one table row per variant on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,7 +33,7 @@ PY
   steps=$STEPS
   "$BUILD_DIR/slm" train --recipe "$work/$pattern.json" --data "$SHARDS" --out "$work/run-$pattern" --device cuda \
     --steps "$steps" --batch "$BATCH" --seq-len 1024 --warmup 2 --eval-every 0 --checkpoint-every 0 --log-every 1 \
-    --profile-steps "$PROFILE" \
+    --profile-steps "$PROFILE" ${TRAIN_ARGS:-} \
     > "$work/$pattern.log" 2>&1 || { echo "| $pattern | $BATCH | failed: $(tail -1 "$work/$pattern.log") | | |"; continue; }
   # The trace is copied before anything is printed: a reader that stops early (| head) ends the script on SIGPIPE.
   if [[ -n ${TRACE_DIR:-} && -f $work/run-$pattern/profile/trace.json ]]; then

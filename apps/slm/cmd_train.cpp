@@ -79,6 +79,7 @@ void run_train(TrainCli& o, CLI::App* sub) {
     if (given("--profile-steps")) ov["profile_steps"] = o.cfg.profile_steps;
     if (given("--expert-parallel")) ov["expert_parallel"] = o.cfg.expert_parallel;
     if (given("--recompute")) ov["recompute"] = o.cfg.recompute;
+    if (given("--cuda-graph")) ov["cuda_graph"] = o.cfg.cuda_graph;
     if (given("--bucket-elements")) ov["bucket_elements"] = o.cfg.bucket_elements;
     // New data (the next pack of a run spread over several GPU calls): the loader starts over on it.
     if (given("--data")) ov["data"] = data::resolve_training_data(o.cfg.data, std::cerr);
@@ -182,6 +183,11 @@ void add_train_command(CLI::App& app) {
               "activation checkpointing: the attention (without DSA), Mamba-3, M2RNN and dense MLP blocks keep only "
               "their inputs and run again in the backward (about a third more compute, far less activation memory; "
               "the results are the same)");
+  t->add_flag("--cuda-graph,!--no-cuda-graph", c.cuda_graph,
+              "replay each micro-batch's forward and backward from one CUDA graph (--device cuda): the step's "
+              "thousands of kernel launches become one. Captured at the first step and again when a batch holds "
+              "more documents than the graph was made for; costs a second copy of the activations' memory. Not with "
+              "--nproc > 1, --recompute or DSA recipes");
   t->add_option("--expert-parallel", c.expert_parallel,
                 "spread each MoE layer's routed experts over groups of this many workers (expert parallelism: tokens "
                 "reach their experts by all-to-all); must divide --nproc and the recipe's routed experts. Checkpoints "

@@ -159,15 +159,24 @@ TEST(Documents, FlashAttentionMatchesTheMaskedReferenceOnCuda) {
   auto docs = model::documents_from_ids(ids_of({{45, 25}, {16, 30, 24}, {2, 1, 67}}));
   ASSERT_TRUE(docs.has_value());
   auto on_gpu = model::to_device(*docs, torch::kCUDA);
-  for (bool packed : {true, false})
+  // A CUDA graph's form (train/graph_step.h): 12 empty documents after the batch's 8, max_len the row length.
+  auto padded = *docs;
+  padded.spans.cu_seqlens = torch::cat({docs->spans.cu_seqlens, torch::full({12}, b * t, torch::kInt)});
+  padded.spans.max_len = t;
+  padded = model::to_device(padded, torch::kCUDA);
+  for (int form : {0, 1, 2})  // packed, padded, one document per row
     for (int64_t window : {0, 5, 40}) {
+      const bool packed = form < 2;
       if (!packed && window == 0) continue;  // plain causal SDPA, not the flash path under test
-      SCOPED_TRACE("packed " + std::to_string(packed) + ", window " + std::to_string(window));
+      SCOPED_TRACE("form " + std::to_string(form) + ", window " + std::to_string(window));
       auto bf = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::kCUDA);
       auto q = torch::randn({b, h, t, hd}, bf).requires_grad_(), k = torch::randn({b, kv, t, hd}, bf).requires_grad_();
       auto v = torch::randn({b, kv, t, hd}, bf).requires_grad_();
       auto w = torch::randn({b, h, t, hd}, torch::kDouble);
-      auto out = ops::causal_attention(q, k, v, window, std::nullopt, packed ? &on_gpu.spans : nullptr);
+      auto out = ops::causal_attention(q, k, v, window, std::nullopt,
+                                       form == 0   ? &on_gpu.spans
+                                       : form == 1 ? &padded.spans
+                                                   : nullptr);
       auto g = torch::autograd::grad({(out.to(torch::kDouble).cpu() * w).sum()}, {q, k, v});
       auto q64 = q.detach().cpu().to(torch::kDouble).requires_grad_(),
            k64 = k.detach().cpu().to(torch::kDouble).requires_grad_();

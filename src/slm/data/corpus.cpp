@@ -119,33 +119,33 @@ std::vector<SourceRoot> default_roots(const std::string& domain) {
                                                     "/vmd/"};
   if (domain == "cpp") {
     std::vector<SourceRoot> roots = {
-        {"/usr/include/c++/12", "libstdc++-12-dev", "", true, {}},
-        {"/usr/lib/llvm-14/include", "llvm-14-dev", "", false, {".inc", ".def"}},
-        {"/usr/src/googletest", "googletest", "", false, {}},
-        {"/usr/include/nlohmann", "nlohmann-json3-dev", "", false, {}},
-        {"/usr/include/CLI", "libcli11-dev", "", false, {}},
-        {"/usr/include/gtest", "libgtest-dev", "", false, {}},
-        {"/usr/include/gmock", "libgmock-dev", "", false, {}},
-        {"/usr/include/benchmark", "libbenchmark-dev", "", false, {}},
-        {"/usr/include/boost", "libboost1.74-dev", "", false, boost_generated},
-        {"/usr/include/eigen3", "libeigen3-dev", "", false, {}},
-        {"/usr/include/absl", "libabsl-dev", "", false, {}},
-        {"/usr/include/asio", "libasio-dev", "", false, {}},
-        {"/usr/include/fmt", "libfmt-dev", "", false, {}},
-        {"/usr/include/spdlog", "libspdlog-dev", "", false, {}},
-        {"/usr/include/x86_64-linux-gnu/qt5", "qtbase5-dev", "", false, {}},
+        {"/usr/include/c++/12", "libstdc++-12-dev", "", true, {}, ""},
+        {"/usr/lib/llvm-14/include", "llvm-14-dev", "", false, {".inc", ".def"}, ""},
+        {"/usr/src/googletest", "googletest", "", false, {}, ""},
+        {"/usr/include/nlohmann", "nlohmann-json3-dev", "", false, {}, ""},
+        {"/usr/include/CLI", "libcli11-dev", "", false, {}, ""},
+        {"/usr/include/gtest", "libgtest-dev", "", false, {}, ""},
+        {"/usr/include/gmock", "libgmock-dev", "", false, {}, ""},
+        {"/usr/include/benchmark", "libbenchmark-dev", "", false, {}, ""},
+        {"/usr/include/boost", "libboost1.74-dev", "", false, boost_generated, ""},
+        {"/usr/include/eigen3", "libeigen3-dev", "", false, {}, ""},
+        {"/usr/include/absl", "libabsl-dev", "", false, {}, ""},
+        {"/usr/include/asio", "libasio-dev", "", false, {}, ""},
+        {"/usr/include/fmt", "libfmt-dev", "", false, {}, ""},
+        {"/usr/include/spdlog", "libspdlog-dev", "", false, {}, ""},
+        {"/usr/include/x86_64-linux-gnu/qt5", "qtbase5-dev", "", false, {}, ""},
     };
     for (auto& r : roots) r.exclude.insert(r.exclude.end(), algorithm_paths().begin(), algorithm_paths().end());
     return roots;
   }
   if (domain == "algorithm") {
     return {
-        {"/usr/include/c++/12", "libstdc++-12-dev", "", false, {}},
-        {"/usr/include/boost", "libboost1.74-dev", "", false, boost_generated},
-        {"/usr/lib/llvm-14/include/llvm", "llvm-14-dev", "", false, {}},
-        {"/usr/include/eigen3/Eigen/src", "libeigen3-dev", "", false, {}},
-        {"/usr/share/cppreference/doc/html/en", "cppreference-doc-en-html", "", false, {}},
-        {"/usr/share/doc/libboost1.74-doc", "libboost1.74-doc", "", false, {"/figs/"}},
+        {"/usr/include/c++/12", "libstdc++-12-dev", "", false, {}, ""},
+        {"/usr/include/boost", "libboost1.74-dev", "", false, boost_generated, ""},
+        {"/usr/lib/llvm-14/include/llvm", "llvm-14-dev", "", false, {}, ""},
+        {"/usr/include/eigen3/Eigen/src", "libeigen3-dev", "", false, {}, ""},
+        {"/usr/share/cppreference/doc/html/en", "cppreference-doc-en-html", "", false, {}, ""},
+        {"/usr/share/doc/libboost1.74-doc", "libboost1.74-doc", "", false, {"/figs/"}, ""},
     };
   }
   if (domain == "design") {
@@ -158,30 +158,31 @@ std::vector<SourceRoot> default_roots(const std::string& domain) {
     std::vector<SourceRoot> roots;
     for (const char* sec : {"1", "2", "3", "5", "7", "8"})
       roots.push_back({std::string("/usr/share/man/man") + sec, "", "", true, {"gcloud"}, "man"});
-    roots.push_back({"/usr/share/doc", "", "", false, doc_exclude});
-    roots.push_back({"/usr/share/cppreference/doc/html/en", "cppreference-doc-en-html", "", false, algorithm_paths()});
+    roots.push_back({"/usr/share/doc", "", "", false, doc_exclude, ""});
+    roots.push_back(
+        {"/usr/share/cppreference/doc/html/en", "cppreference-doc-en-html", "", false, algorithm_paths(), ""});
     return roots;
   }
   if (domain == "debug" || domain == "review" || domain == "orchestration") return {};
   if (domain == "cmake") {
     return {
-        {cm + "/Modules", "cmake-data", "", false, {}},
-        {cm + "/Help", "cmake-data", "", true, {}},
-        {"/usr/lib/x86_64-linux-gnu/cmake", "", "", false, {}},
-        {"/usr/lib/cmake", "", "", false, {}},
-        {"/usr/share/cmake", "", "", false, {}},
-        {"/usr/lib/llvm-14/lib/cmake", "llvm-14-dev", "", false, {}},
-        {"/usr/src/googletest", "googletest", "", false, {}},
+        {cm + "/Modules", "cmake-data", "", false, {}, ""},
+        {cm + "/Help", "cmake-data", "", true, {}, ""},
+        {"/usr/lib/x86_64-linux-gnu/cmake", "", "", false, {}, ""},
+        {"/usr/lib/cmake", "", "", false, {}, ""},
+        {"/usr/share/cmake", "", "", false, {}, ""},
+        {"/usr/lib/llvm-14/lib/cmake", "llvm-14-dev", "", false, {}, ""},
+        {"/usr/src/googletest", "googletest", "", false, {}, ""},
     };
   }
   if (domain == "shell") {
     return {
-        {"/usr/share/bash-completion/completions", "bash-completion", "", true, {}},
-        {"/var/lib/dpkg/info", "", "", false, {}},
-        {"/usr/bin", "", "", false, {}},
-        {"/usr/sbin", "", "", false, {}},
-        {"/usr/lib/git-core", "git", "", false, {}},
-        {"/etc", "", "", false, {}},
+        {"/usr/share/bash-completion/completions", "bash-completion", "", true, {}, ""},
+        {"/var/lib/dpkg/info", "", "", false, {}, ""},
+        {"/usr/bin", "", "", false, {}, ""},
+        {"/usr/sbin", "", "", false, {}, ""},
+        {"/usr/lib/git-core", "git", "", false, {}, ""},
+        {"/etc", "", "", false, {}, ""},
     };
   }
   throw Error("data build: unknown domain '" + domain +

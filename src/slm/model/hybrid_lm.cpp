@@ -198,12 +198,19 @@ LossOutput HybridLM::loss(const torch::Tensor& tokens, const torch::Tensor& targ
     if (auto d = documents_from_ids(doc_ids.narrow(1, 0, t))) docs = to_device(*d, tokens.device());
     window_docs = doc_ids.to(tokens.device(), torch::kLong);
   }
+  return loss(tokens, targets, docs ? &*docs : nullptr, window_docs);
+}
+
+LossOutput HybridLM::loss(const torch::Tensor& tokens, const torch::Tensor& targets, const Documents* docs,
+                          const torch::Tensor& window_docs) {
+  if (targets.sizes() != tokens.sizes()) throw Error("loss: targets must have the shape of tokens");
+  const int64_t t = tokens.size(1);
   LossOutput out;
   // The logits stay in the head's dtype: the loss reads them as they are (ops/cross_entropy.h).
-  auto fwd = forward_impl(tokens, docs ? &*docs : nullptr, true);
+  auto fwd = forward_impl(tokens, docs, true);
   out.main = cross_entropy(fwd.logits, targets);
   out.total = out.main;
-  auto mtp = mtp_impl(tokens, fwd.hidden, docs ? &*docs : nullptr, true);
+  auto mtp = mtp_impl(tokens, fwd.hidden, docs, true);
   for (size_t i = 0; i < mtp.size(); ++i) {
     const int64_t k = static_cast<int64_t>(i) + 1;
     auto target = targets.narrow(1, k, t - k);

@@ -72,6 +72,11 @@ class HybridLM : public torch::nn::Module {
   // another document than its position is left out (the main target after a document's last token is the next
   // document's first, as in the unpacked stream).
   LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets, const torch::Tensor& doc_ids = {});
+  // The same with the documents built already: docs (on the tokens' device; null: one sequence per row) and
+  // window_docs, the doc_ids above as int64 on the tokens' device (undefined: MTP targets are not cut). A CUDA graph
+  // of the training step (train/graph_step.h) passes its static buffers here.
+  LossOutput loss(const torch::Tensor& tokens, const torch::Tensor& targets, const Documents* docs,
+                  const torch::Tensor& window_docs);
 
   // A fresh inference state for batch sequences of up to capacity tokens. max_rollback bounds how many
   // tokens DecodeState::rollback may drop.

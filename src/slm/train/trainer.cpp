@@ -29,9 +29,11 @@
 #include "slm/quant/nvfp4_store.h"
 #include "slm/recipe/recipe.h"
 #include "slm/train/checkpoint.h"
+#include "slm/train/device_batch.h"
 #include "slm/train/distributed.h"
 #include "slm/train/evaluate.h"
 #include "slm/train/flops.h"
+#include "slm/train/graph_step.h"
 #include "slm/train/memory.h"
 #include "slm/train/profile.h"
 #include "slm/util/device.h"
@@ -165,6 +167,7 @@ nlohmann::json TrainConfig::to_json() const {
           {"expert_parallel", expert_parallel},
           {"recompute", recompute},
           {"profile_steps", profile_steps},
+          {"cuda_graph", cuda_graph},
           {"init", init},
           {"optim", optim.to_json()}};
 }
@@ -200,6 +203,7 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
     c.expert_parallel = j.value("expert_parallel", c.expert_parallel);
     c.recompute = j.value("recompute", c.recompute);
     c.profile_steps = j.value("profile_steps", c.profile_steps);
+    c.cuda_graph = j.value("cuda_graph", c.cuda_graph);
     c.init = j.value("init", c.init);
     c.optim = OptimizerConfig::from_json(j.at("optim"));
   } catch (const nlohmann::json::exception& e) {
@@ -588,25 +592,31 @@ std::vector<torch::Tensor> defined_grads(const std::vector<torch::Tensor>& ps) {
 
 }  // namespace
 
-GradNorms grad_norms(const ClipGroups& groups) {
+torch::Tensor grad_square_sums(const ClipGroups& groups, const torch::Device& device) {
   torch::NoGradGuard no_grad;
-  auto sum_sq = [](const std::vector<torch::Tensor>& ps) {
+  auto sum_sq = [&](const std::vector<torch::Tensor>& ps) {
     const auto grads = defined_grads(ps);
-    if (grads.empty()) return 0.0;
+    if (grads.empty()) return torch::zeros({}, torch::TensorOptions().dtype(torch::kDouble).device(device));
     if (grads.front().is_cuda()) {
       // One multi-tensor launch for the per-tensor norms (in the gradients' FP32), squared and summed in float64:
       // a chain of per-tensor kernels here cost hundreds of launches per step.
       auto norms = at::stack(at::_foreach_norm(grads, 2)).to(torch::kDouble);
-      return norms.pow(2).sum().item<double>();
+      return norms.pow(2).sum().to(device);
     }
     torch::Tensor sq;
     for (const auto& g : grads) {
       auto s = g.to(torch::kDouble).pow(2).sum();
       sq = sq.defined() ? sq + s : s;
     }
-    return sq.item<double>();
+    return sq.to(device);
   };
-  return {std::sqrt(sum_sq(groups.lm)), std::sqrt(sum_sq(groups.indexer))};
+  return torch::stack({sum_sq(groups.lm), sum_sq(groups.indexer)});
+}
+
+GradNorms grad_norms(const ClipGroups& groups) {
+  const auto& any = groups.lm.empty() ? groups.indexer : groups.lm;
+  const auto sums = grad_square_sums(groups, any.empty() ? torch::Device(torch::kCPU) : any.front().device()).cpu();
+  return {std::sqrt(sums[0].item<double>()), std::sqrt(sums[1].item<double>())};
 }
 
 void clip_gradients(const ClipGroups& groups, const GradNorms& norms, double max_norm) {
@@ -680,6 +690,35 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
   // step's metrics; rank 0 writes it.
   const int64_t profile_from = start_step + 2, profile_to = profile_from + cfg_.profile_steps;
   Profiler profiler;
+  std::unique_ptr<GraphStep> graph;
+  if (cfg_.cuda_graph) {
+    if (const std::string why = graph_step_blocker(m, dist != nullptr, cfg_.recompute); !why.empty())
+      throw Error("--cuda-graph: " + why);
+    graph = std::make_unique<GraphStep>(m, rows, s_->seq_len, cfg_.accum);
+    *log_ << "CUDA graphs: every micro-batch's forward and backward replays one graph (captured at the first)\n";
+  }
+  // A graph accumulates into gradient buffers that exist before its capture: they are zeroed, not dropped.
+  auto zero_grad = [&] { graph ? graph->zero_grad() : opt.zero_grad(); };
+  // One micro-batch's forward and backward, launched op by op; arm: the backward also launches the data-parallel
+  // gradient reductions (the step's last micro-batch).
+  auto eager_micro_batch = [&](const torch::Tensor& tokens, const torch::Tensor& docs, bool arm) {
+    const DeviceBatch b = *stage_batch(tokens, docs, s_->device);
+    const model::Documents* d = b.docs ? &*b.docs : nullptr;
+    model::LossOutput out;
+    if (s_->device.is_cuda()) {
+      // BF16 compute, FP32 master weights and optimizer state.
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      out = m.loss(b.x, b.y, d, b.window);
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+    } else {
+      out = m.loss(b.x, b.y, d, b.window);
+    }
+    if (arm) dist->arm();
+    (out.total / static_cast<double>(cfg_.accum)).backward();
+    return out.main;
+  };
   while (step_ < total_steps_) {
     if (cfg_.profile_steps > 0 && step_ == profile_from) profiler.start(s_->device.is_cuda());
     const bool out_of_time = cfg_.max_minutes > 0 && now_s(t_run) > 60 * cfg_.max_minutes;
@@ -694,43 +733,36 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
     const bool warmup = step_ < cfg_.dsa_warmup_steps;
     if (cfg_.dsa_warmup_steps > 0) set_dsa_warmup(warmup);
     const double mult = cfg_.lr.multiplier(step_, total_steps_);
-    opt.zero_grad();
-    double loss = 0;
+    zero_grad();
+    torch::Tensor loss_sum;  // float64 on the device: the main loss averaged over the micro-batches
     for (int64_t a = 0; a < cfg_.accum; ++a) {
       // Every rank reads the whole global batch (the same loader state everywhere) and trains on its rows.
       auto batch = s_->loader->next();
       auto tokens = batch.tokens.narrow(0, row0, rows);
       auto docs = batch.doc_ids.narrow(0, row0, rows);  // packed documents are trained each alone
-      auto x = tokens.narrow(1, 0, s_->seq_len).to(s_->device);
-      auto y = tokens.narrow(1, 1, s_->seq_len).to(s_->device);
-      torch::Tensor total, main;
-      if (s_->device.is_cuda()) {
-        // BF16 compute, FP32 master weights and optimizer state.
-        at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-        at::autocast::set_autocast_enabled(at::kCUDA, true);
-        auto out = m.loss(x, y, docs);
-        at::autocast::set_autocast_enabled(at::kCUDA, false);
-        at::autocast::clear_cache();
-        total = out.total;
-        main = out.main;
+      torch::Tensor main;
+      if (graph) {
+        main = graph->run(tokens, docs);
       } else {
-        auto out = m.loss(x, y, docs);
-        total = out.total;
-        main = out.main;
+        main = eager_micro_batch(tokens, docs, dist && a == cfg_.accum - 1);
       }
-      if (dist && a == cfg_.accum - 1) dist->arm();  // the last backward launches the gradient reductions
-      (total / static_cast<double>(cfg_.accum)).backward();
-      loss += main.item<double>() / static_cast<double>(cfg_.accum);
+      const auto part = main.detach().to(torch::kDouble) / static_cast<double>(cfg_.accum);
+      loss_sum = loss_sum.defined() ? loss_sum + part : part;
     }
+    double loss = 0;
     GradNorms norms;
     if (dist) {
-      const auto r = dist->finish(loss, clip.indexer);
+      const auto r = dist->finish(loss_sum.item<double>(), clip.indexer);
       loss = r.loss;
       norms = {std::sqrt(r.grad_sq), std::sqrt(r.indexer_grad_sq)};
     } else {
-      norms = grad_norms(clip);
+      // The loss and both gradient norms in one read, the step's one wait for the device.
+      const auto host = torch::cat({loss_sum.view({1}), grad_square_sums(clip, s_->device)}).cpu();
+      loss = host[0].item<double>();
+      norms = {std::sqrt(host[1].item<double>()), std::sqrt(host[2].item<double>())};
     }
     clip_gradients(clip, norms, cfg_.grad_clip);
+
     const bool finite = std::isfinite(loss) && std::isfinite(norms.lm) && std::isfinite(norms.indexer);
     if (finite) {
       if (dist) {
@@ -748,7 +780,7 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
       }
       bad = 0;
     } else {
-      opt.zero_grad();
+      zero_grad();
       for (auto* moe : m.moe_modules()) moe->pending_load().zero_();  // a skipped step must not steer the balance
       ++bad;
     }
@@ -818,7 +850,11 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
     }
   }
   if (tty) *log_ << "\n";
-  *log_ << "trained " << step_ - start_step << " steps in " << fmt_duration(now_s(t_run)) << "\n";
+  *log_ << "trained " << step_ - start_step << " steps in " << fmt_duration(now_s(t_run));
+  if (graph)
+    *log_ << " (" << graph->captures() << " CUDA graph capture(s), up to " << graph->document_capacity()
+          << " documents per micro-batch)";
+  *log_ << "\n";
   return step_ - start_step;
 }
 

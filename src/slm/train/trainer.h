@@ -46,6 +46,7 @@ struct TrainConfig {
   int expert_parallel = 1;                     // ranks each MoE layer's routed experts are spread over (distributed.h)
   bool recompute = false;     // activation checkpointing of the A/M/R/F blocks (HybridLM::set_recompute)
   int64_t profile_steps = 0;  // profile this many steps after two warm-up steps (profile.h; 0: off)
+  bool cuda_graph = false;    // replay each micro-batch's forward and backward from a CUDA graph (graph_step.h)
   OptimizerConfig optim;
 
   nlohmann::json to_json() const;
@@ -70,6 +71,8 @@ struct GradNorms {
 };
 // The L2 norm of each group's gradients (accumulated in float64; parameters without a gradient add nothing).
 GradNorms grad_norms(const ClipGroups& groups);
+// The squares of those norms as a float64 tensor [2] (LM, indexers) on device, without reading them to the host.
+torch::Tensor grad_square_sums(const ClipGroups& groups, const torch::Device& device);
 // Scales each group's gradients by max_norm / (norm + 1e-6) when its norm (measured by the caller: grad_norms, or
 // the data-parallel reduction) is finite and above max_norm; max_norm 0 clips nothing.
 void clip_gradients(const ClipGroups& groups, const GradNorms& norms, double max_norm);
