@@ -10,6 +10,7 @@
 #      GPU, no spreading), batch 1 per GPU at SEQ tokens, activation checkpointing with RECOMPUTE=1: tokens/s,
 #      model TFLOP/s per GPU (the trainer's FLOP count), peak memory of rank 0, and with PROFILE=N the kernel table of
 #      N profiled steps (the NCCL kernels are the all-to-alls and the gradient reductions).
+#      ACCUM=N accumulates N micro-batches per optimizer step (Muon's Newton-Schulz then runs once per N).
 #   SHARDS=out/ep-shards NGPU=4 EPS="1 2 4" SEQ=2048 RECOMPUTE=1 bash bench/gpu_expert_parallel.sh   # built beforehand
 # Output: one table row per run on stdout; each run's log under $WORK (default a fresh temporary directory). A run
 # that fails (out of memory, say) prints its last log lines in its row; each run is cut off after LIMIT seconds.
@@ -21,6 +22,7 @@ NGPU=${NGPU:-$(nvidia-smi -L | wc -l)}
 EPS=${EPS:-"1 2 4"}
 SEQ=${SEQ:-2048}
 STEPS=${STEPS:-8}
+ACCUM=${ACCUM:-1}
 SMALL=${SMALL:-1}    # 0 skips part 1
 PROFILE=${PROFILE:-0}
 RECOMPUTE=${RECOMPUTE:-1}
@@ -69,9 +71,9 @@ for ep in $EPS; do
   name=nam56r-ep$ep
   spread=(--nproc "$ep" --expert-parallel "$ep"); [[ $ep == 1 ]] && spread=()
   timeout "$LIMIT" "$BUILD_DIR/slm" train --recipe recipes/nam56r.json --data "$SHARDS" --out "$WORK/$name" \
-    --device cuda --steps "$STEPS" --batch "$ep" --seq-len "$SEQ" --warmup 2 --eval-every 0 --checkpoint-every 0 \
-    --seed 3 "${spread[@]}" "${ckpt[@]}" --profile-steps "$PROFILE" > "$WORK/$name.log" 2>&1 || true
-  report "NAM56R at $SEQ tokens, expert-parallel $ep${ckpt:+, recompute}" "$WORK/$name" "$ep" "$WORK/$name.log"
+    --device cuda --steps "$STEPS" --batch "$ep" --seq-len "$SEQ" --accum "$ACCUM" --warmup 2 --eval-every 0 \
+    --checkpoint-every 0 --seed 3 "${spread[@]}" "${ckpt[@]}" --profile-steps "$PROFILE" > "$WORK/$name.log" 2>&1 || true
+  report "NAM56R at $SEQ tokens x $ACCUM, expert-parallel $ep${ckpt:+, recompute}" "$WORK/$name" "$ep" "$WORK/$name.log"
 done
 for ep in $EPS; do
   f=$WORK/nam56r-ep$ep/profile/summary.txt
