@@ -5,11 +5,14 @@
 // The reference runs in float64 (the dispatch sends FP32/BF16 CUDA inputs to the kernels): it is a loop of a dozen
 // small launches per token, bound by launch latency, so its dtype barely changes its time.
 // Roofline: FLOPs per token and head, forward 2KV² (H W) + 8KV (k vᵀ, the convex mix, Hᵀq); the backward
-// recomputes the forward and adds 2KV² (du Wᵀ) + 2KV² (dW) + 10KV; against the FP32 CUDA-core peak (no tensor
-// cores: every step is a chain of V-long dot products) and the bytes of q, k, v, f, y and their gradients.
+// recomputes the forward and adds 2KV² (du Wᵀ) + 2KV² (dW) + 10KV; against the FP32 CUDA-core peak and the bytes
+// of q, k, v, f, y and their gradients. At V 8 and 16 the V×V products run on the tensor cores as split TF32
+// (three products each), which this roofline still counts as FP32 FLOPs. SLM_M2RNN_KERNEL=rows times the
+// row-per-thread CUDA-core kernels instead.
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "median_timer.h"
@@ -65,6 +68,9 @@ int main(int argc, char** argv) {
       "%d reps (median)\n",
       static_cast<long long>(b), static_cast<long long>(t), static_cast<long long>(nh), static_cast<long long>(kd),
       static_cast<long long>(vd), static_cast<long long>(every), clip, reps);
+  const char* kernels = std::getenv("SLM_M2RNN_KERNEL");
+  std::printf("kernels: %s\n", kernels && std::string(kernels) == "rows" ? "row per thread (SLM_M2RNN_KERNEL=rows)"
+                                                                         : "tensor-core (split TF32)");
   std::printf(
       "roofline: forward %.2f GFLOP, %.0f MB; forward+backward %.2f GFLOP, %.0f MB -> %.3f ms at %.0f "
       "TFLOP/s FP32\n",

@@ -118,6 +118,9 @@ TEST(M2rnnCuda, FusedScanMatchesTheReference) {
     for (bool resets : {false, true}) check({2, 150, 3, 64, 16, 64, clip, resets});
   for (int64_t vd : {4, 8, 32}) check({2, 45, 2, 32, vd, 16, 1.0, true});
   check({1, 70, 2, 96, 16, 8, 0.0, true});  // three warps per CTA, many short stretches
+  // Eight warps per CTA (the most rows per head) and one-token stretches: every backward stretch starts and ends
+  // on its checkpoint, with resets on stretch edges.
+  check({2, 33, 1, 256, 8, 1, 1.0, true});
 }
 
 TEST(M2rnnCuda, BF16InputsRunTheKernelsInFP32) {
