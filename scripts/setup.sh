@@ -7,12 +7,16 @@
 #   SLM_CUDA=ON            also build the CUDA (sm_90) sources
 #   SLM_DEPS_PREFIX=DIR    use Debian packages unpacked under DIR (GPU machine: scripts/device-deps.sh) instead of apt
 #   CMAKE_BUILD_TYPE=...   Release by default
-#   SLM_TARGET=slm         build only this target (e.g. the program without the tests)
+#   SLM_TARGET=slm         the target to build: the program by default (what the README's first command runs);
+#                          scripts/test.sh asks for slm_tests, SLM_TARGET= (empty) builds every default target
+#   SLM_WERROR=ON          compiler warnings are errors (CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 BUILD_DIR=${BUILD_DIR:-build}
 SLM_CUDA=${SLM_CUDA:-OFF}
+SLM_WERROR=${SLM_WERROR:-OFF}
+SLM_TARGET=${SLM_TARGET-slm}
 TORCH_VERSION=2.11.0
 # Build tools, the test framework, CLI and JSON libraries. Keep in sync with the README's dependency table.
 DEB_PACKAGES=(cmake ninja-build g++ ccache python3 python3-pip libgtest-dev libgmock-dev libcli11-dev nlohmann-json3-dev libsentencepiece-dev libtree-sitter-dev libgloo-dev libcpp-httplib-dev liblzma-dev gnuplot-nox
@@ -68,13 +72,14 @@ fi
 
 # Reconfigure only when the build directory is new or the options changed.
 stamp="$BUILD_DIR/.slm-configure"
-want="cuda=$SLM_CUDA prefix=$prefix_path type=${CMAKE_BUILD_TYPE:-Release}"
+want="cuda=$SLM_CUDA werror=$SLM_WERROR prefix=$prefix_path type=${CMAKE_BUILD_TYPE:-Release}"
 if [[ ! -f $BUILD_DIR/build.ninja || ! -f $stamp || "$(cat "$stamp")" != "$want" ]]; then
   log "configuring $BUILD_DIR ($want)"
   cmake -S . -B "$BUILD_DIR" -G Ninja \
     -DCMAKE_BUILD_TYPE="${CMAKE_BUILD_TYPE:-Release}" \
     -DCMAKE_PREFIX_PATH="$prefix_path" \
-    -DSLM_CUDA="$SLM_CUDA"
+    -DSLM_CUDA="$SLM_CUDA" \
+    -DSLM_WERROR="$SLM_WERROR"
   echo "$want" > "$stamp"
 fi
 # The library and the tests compile with a precompiled <torch/torch.h>; ccache caches such objects only when told

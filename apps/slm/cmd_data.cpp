@@ -111,7 +111,7 @@ void run_build(const BuildFlags& f) {
     for (const auto& sd : from_sources ? f.source_dirs : std::vector<std::string>{}) {
       std::error_code ec;
       for (const auto& e : fs::directory_iterator(sd, ec))
-        if (e.is_directory()) roots.push_back({e.path().string(), "", "", false, exclude});
+        if (e.is_directory()) roots.push_back({e.path().string(), "", "", false, exclude, ""});
     }
     o.roots[d] = roots;
   }

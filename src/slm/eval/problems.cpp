@@ -25,7 +25,7 @@ std::vector<Problem> load_problems(const std::string& path) {
       if (!j[key].is_string()) throw Error(where + ": \"" + key + "\" must be a string");
       return j[key].get<std::string>();
     };
-    Problem p{text("name"), text("prompt"), text("tests"), {}};
+    Problem p{text("name"), text("prompt"), text("tests"), {}, {}};
     if (!j.contains("stop_tokens")) throw Error(where + ": the problem has no \"stop_tokens\" field");
     const auto& stops = j["stop_tokens"];
     if (!stops.is_array()) throw Error(where + ": \"stop_tokens\" must be an array of strings");
