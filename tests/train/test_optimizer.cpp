@@ -4,6 +4,7 @@
 // groups on every shipped recipe, checkpoint state round trips and strict loading, and sharded Muon.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -289,9 +290,10 @@ TEST(Muon, Bf16StepCloseToFloat64Step) {
       b(micro(), torch::TensorOptions().dtype(torch::kFloat));
   randomize(a, 6);
   copy_weights(a, b);
-  OptimizerConfig exact;
+  OptimizerConfig exact, bf16;
   exact.ns_dtype = "float64";
-  Optimizer oa(a, OptimizerConfig{}), ob(b, exact);
+  bf16.ns_dtype = "bfloat16";
+  Optimizer oa(a, bf16), ob(b, exact);
   auto before = a.named_parameters()["layers.0.attn.wq.weight"].clone();
   set_grads(a, 7);
   set_grads(b, 7);
@@ -301,6 +303,34 @@ TEST(Muon, Bf16StepCloseToFloat64Step) {
   auto db = b.named_parameters()["layers.0.attn.wq.weight"] - before;
   EXPECT_GT(db.norm().item<double>(), 0);
   EXPECT_LT((da - db).norm().item<double>() / db.norm().item<double>(), 0.03);
+}
+
+// "auto" (the default) multiplies in BF16 only where the device does so natively: on a CPU that means AMX-BF16
+// tiles, read here from the kernel's /proc/cpuinfo flags rather than from libtorch's cpuinfo the code asks. Without
+// them the default step must be the float32 step, bit for bit (emulated BF16 GEMMs were 41x slower than FP32 here).
+TEST(Muon, AutoComputeTypeIsFloat32OnCpusWithoutNativeBf16) {
+  single_threaded();
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  bool amx_bf16 = false;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0) amx_bf16 = amx_bf16 || (line + " ").find(" amx_bf16 ") != std::string::npos;
+  model::HybridLM a(micro(), torch::TensorOptions().dtype(torch::kFloat)),
+      b(micro(), torch::TensorOptions().dtype(torch::kFloat));
+  randomize(a, 8);
+  copy_weights(a, b);
+  OptimizerConfig fp32;
+  fp32.ns_dtype = "float32";
+  Optimizer oa(a, OptimizerConfig{}), ob(b, fp32);
+  EXPECT_EQ(OptimizerConfig{}.ns_dtype, "auto");
+  EXPECT_EQ(oa.ns_compute_type(), amx_bf16 ? torch::kBFloat16 : torch::kFloat);
+  if (amx_bf16) return;  // the bitwise comparison below is for CPUs without native BF16
+  set_grads(a, 9);
+  set_grads(b, 9);
+  oa.step(1.0);
+  ob.step(1.0);
+  auto pb = b.named_parameters();
+  for (const auto& p : a.named_parameters()) EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
 }
 
 TEST(AdamW, MatchesTorchOptimAdamW) {
@@ -644,6 +674,7 @@ TEST(OptimizerCuda, StepsMatchTheCpu) {
     Optimizer oc(cpu, cfg), og(gpu, cfg);
     for (const auto& [name, t] : og.state_tensors())
       EXPECT_EQ(t.is_cuda(), name.rfind("adamw.step/", 0) != 0) << name;  // step counters stay on the host
+    EXPECT_EQ(Optimizer(gpu, OptimizerConfig{}).ns_compute_type(), torch::kBFloat16);  // "auto" on tensor cores
     auto pg = gpu.named_parameters();
     for (int s = 0; s < 3; ++s) {
       set_grads(cpu, 41 + s);

@@ -36,7 +36,8 @@ NsNormalisation ns_normalisation(NsCoefficients c);
 
 // Approximate polar factor of g [..., m, n] (leading dims are a batch of independent matrices): normalise each
 // matrix by its Frobenius norm (in float32 or wider), then `steps` iterations X <- a X + (b A + c A^2) X with
-// A = X X^T, computed in `compute` (bfloat16 in training; float64 for reference checks) on the wide orientation
+// A = X X^T, computed in `compute` (OptimizerConfig::ns_dtype: bfloat16 on GPUs, float32 on CPUs without native BF16,
+// float64 for reference checks) on the wide orientation
 // (tall matrices are transposed so A is the smaller Gram matrix, then transposed back). Returns g's shape in
 // float32 (float64 when g is float64). Deterministic: the same input gives the same bits.
 torch::Tensor newton_schulz(const torch::Tensor& g, int steps, NsCoefficients coefficients,

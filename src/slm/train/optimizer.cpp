@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "slm/train/schedule.h"
+#include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
 #include "slm/util/json_reader.h"
@@ -49,11 +50,12 @@ const std::vector<DoubleField>& double_fields() {
   return f;
 }
 
-torch::ScalarType parse_ns_dtype(const std::string& s) {
+torch::ScalarType parse_ns_dtype(const std::string& s, c10::Device device) {
+  if (s == "auto") return slm::native_bf16_matmul(device) ? torch::kBFloat16 : torch::kFloat;
   if (s == "bfloat16") return torch::kBFloat16;
   if (s == "float32") return torch::kFloat;
   if (s == "float64") return torch::kDouble;
-  throw Error("optimizer config: ns_dtype: expected \"bfloat16\", \"float32\" or \"float64\", got \"" + s + "\"");
+  throw Error("optimizer config: ns_dtype: expected \"auto\", \"bfloat16\", \"float32\" or \"float64\", got \"" + s + "\"");
 }
 
 double shape_scale(const std::string& variant, int64_t rows, int64_t cols) {
@@ -87,7 +89,7 @@ void OptimizerConfig::validate() const {
     throw Error("optimizer config: ns_steps: " + ns_coefficients + " has coefficients for at most " +
                 std::to_string(ns_max_steps(parse_ns_coefficients(ns_coefficients))) + " steps, got " +
                 std::to_string(ns_steps));
-  parse_ns_dtype(ns_dtype);
+  parse_ns_dtype(ns_dtype, c10::Device(c10::kCPU));
   if (muon_shape_scale != "jordan" && muon_shape_scale != "moonlight")
     throw Error("optimizer config: muon_shape_scale: expected \"jordan\" or \"moonlight\", got \"" + muon_shape_scale +
                 "\"");
@@ -155,7 +157,9 @@ Algorithm group_algorithm(const std::string& group) {
 Optimizer::Optimizer(slm::model::HybridLM& model, OptimizerConfig cfg) : cfg_(std::move(cfg)) {
   cfg_.validate();
   ns_coefficients_ = parse_ns_coefficients(cfg_.ns_coefficients);
-  ns_dtype_ = parse_ns_dtype(cfg_.ns_dtype);
+  // The model is on its training device by now; "auto" is decided for that device once.
+  const auto params = model.parameters();
+  ns_dtype_ = parse_ns_dtype(cfg_.ns_dtype, params.empty() ? c10::Device(c10::kCPU) : params.front().device());
   const Recipe& recipe = model.recipe();
   const Accounting acc = account(recipe, model.plan());
   std::map<std::string, const ParamSpec*> specs;

@@ -56,7 +56,9 @@ struct OptimizerConfig {
   int64_t momentum_warmup_steps = 300;
   int ns_steps = 5;
   std::string ns_coefficients = "polar-express";  // or "quintic" (classic, muon.h says what each gives)
-  std::string ns_dtype = "bfloat16";              // NS compute type; "float32"/"float64" for checks
+  // NS compute type: "auto" is bfloat16 where the parameters' device multiplies it natively (native_bf16_matmul:
+  // GPUs, AMX CPUs) and float32 elsewhere; "bfloat16", "float32" or "float64" force one (float64 for checks).
+  std::string ns_dtype = "auto";
   std::string muon_shape_scale = "jordan";        // or "moonlight"
   // Most elements in one NS call: same-shape matrices are stacked up to this (saves GPU launches; bounds the
   // memory of the stacked updates, 2^26 floats = 256 MiB).
@@ -136,6 +138,8 @@ class Optimizer {
   void set_group_scale(const std::string& group, double scale);
 
   const OptimizerConfig& config() const { return cfg_; }
+  // Newton-Schulz's compute type, ns_dtype resolved for the model's device ("auto").
+  torch::ScalarType ns_compute_type() const { return ns_dtype_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   const std::string& param_name(size_t i) const { return params_[i].name; }
   size_t num_params() const { return params_.size(); }
