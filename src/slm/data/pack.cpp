@@ -94,16 +94,27 @@ std::string xz_compress(const std::string& bytes, uint32_t preset) {
 }
 
 std::string xz_decompress(const std::string& packed, uint64_t expected_bytes, const std::string& what) {
-  std::string out(expected_bytes, '\0');
-  uint64_t memlimit = UINT64_MAX;
-  size_t in_pos = 0, out_pos = 0;
-  const lzma_ret r =
-      lzma_stream_buffer_decode(&memlimit, 0, nullptr, reinterpret_cast<const uint8_t*>(packed.data()), &in_pos,
-                                packed.size(), reinterpret_cast<uint8_t*>(out.data()), &out_pos, out.size());
+  // Decoded in pieces into a growing string, so that memory follows what the stream really holds: allocating the
+  // header's size first let a corrupt pack that claims terabytes exhaust memory before any check.
+  lzma_stream s = LZMA_STREAM_INIT;
+  lzma_ret r = lzma_stream_decoder(&s, UINT64_MAX, 0);
   if (r != LZMA_OK) throw Error(what + ": " + lzma_message(r));
-  if (out_pos != expected_bytes || in_pos != packed.size())
-    throw Error(what + ": unpacks to " + std::to_string(out_pos) + " bytes, the header says " +
-                std::to_string(expected_bytes));
+  s.next_in = reinterpret_cast<const uint8_t*>(packed.data());
+  s.avail_in = packed.size();
+  std::string out;
+  std::vector<uint8_t> piece(1 << 16);
+  do {
+    s.next_out = piece.data();
+    s.avail_out = piece.size();
+    r = lzma_code(&s, LZMA_FINISH);
+    out.append(reinterpret_cast<const char*>(piece.data()), piece.size() - s.avail_out);
+  } while (r == LZMA_OK && out.size() <= expected_bytes);
+  const size_t unread = s.avail_in;
+  lzma_end(&s);
+  if (r != LZMA_OK && r != LZMA_STREAM_END) throw Error(what + ": " + lzma_message(r));
+  if (r != LZMA_STREAM_END || out.size() != expected_bytes || unread != 0)
+    throw Error(what + ": unpacks to " + std::string(out.size() > expected_bytes ? "more than " : "") +
+                std::to_string(out.size()) + " bytes, the header says " + std::to_string(expected_bytes));
   return out;
 }
 
@@ -244,8 +255,10 @@ PackHeader read_pack_header(const std::string& path) {
   std::string h(hlen, '\0');
   in.read(h.data(), static_cast<std::streamsize>(hlen));
   const auto j = nlohmann::json::parse(h, nullptr, false);
-  if (!in || j.is_discarded() || !j.is_object() || j.value("format", 0) != 1 || !j.contains("members") ||
-      !j["members"].is_array())
+  // value()/get() of a field of another type throw nlohmann's errors, and get<uint64_t>() of a float or a negative
+  // number converts without a check (1e300: undefined behaviour): every field's type is checked first.
+  if (!in || j.is_discarded() || !j.is_object() || !j.contains("format") || j["format"] != 1 ||
+      !j.contains("members") || !j["members"].is_array() || (j.contains("tokens") && !j["tokens"].is_number_unsigned()))
     throw Error(path + ": the pack header is corrupt");
   PackHeader p;
   p.path = path;
@@ -253,10 +266,15 @@ PackHeader read_pack_header(const std::string& path) {
   p.header_sha256 = sha256_hex(h);
   p.tokens = j.value("tokens", uint64_t{0});
   const uint64_t data_bytes = file_bytes - p.data_offset;
+  auto u64 = [&](const nlohmann::json& m, const char* key) {
+    if (!m.at(key).is_number_unsigned())
+      throw Error(path + ": the pack header is corrupt: member " + key + " is not an unsigned integer");
+    return m.at(key).get<uint64_t>();
+  };
   try {
     for (const auto& m : j["members"]) {
-      PackMember pm{m.at("name").get<std::string>(), m.at("bytes").get<uint64_t>(), m.at("packed").get<uint64_t>(),
-                    m.at("offset").get<uint64_t>(), m.at("sha256").get<std::string>()};
+      PackMember pm{m.at("name").get<std::string>(), u64(m, "bytes"), u64(m, "packed"), u64(m, "offset"),
+                    m.at("sha256").get<std::string>()};
       if (!safe_member_name(pm.name)) throw Error(path + ": member name '" + pm.name + "' is not a relative path");
       if (pm.offset > data_bytes || pm.packed > data_bytes - pm.offset)
         throw Error(path + ": member " + pm.name + " lies past the end of the file (truncated pack?)");

@@ -289,7 +289,13 @@ std::vector<DocumentMeta> Shard::metadata() const {
   auto j = sidecar();
   std::vector<DocumentMeta> out;
   out.reserve(docs_);
-  for (const auto& d : j["documents"]) out.push_back(DocumentMeta::from_json(d));
+  for (const auto& d : j["documents"]) {
+    try {
+      out.push_back(DocumentMeta::from_json(d));
+    } catch (const nlohmann::json::exception& e) {  // an entry that is not an object, a field that is not a string
+      throw Error(sidecar_path(path_) + ": corrupt sidecar: document " + std::to_string(out.size()) + ": " + e.what());
+    }
+  }
   return out;
 }
 

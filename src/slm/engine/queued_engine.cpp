@@ -60,7 +60,7 @@ RequestId QueuedEngine::submit(Request r, Callbacks cb) {
   const auto n = static_cast<int64_t>(r.prompt.size());
   if (n == 0) throw Error("the prompt must hold at least one token");
   if (r.max_tokens < 1) throw Error("max_tokens must be at least 1");
-  if (n + r.max_tokens > context_)
+  if (r.max_tokens > context_ - n)  // not n + max_tokens > context_: max_tokens may be near 2^63 (signed overflow)
     throw Error("the prompt (" + std::to_string(n) + " tokens) plus max_tokens (" + std::to_string(r.max_tokens) +
                 ") exceeds the model's context of " + std::to_string(context_) + " tokens");
   for (int64_t id : r.prompt)

@@ -108,7 +108,7 @@ Header parse_header(int fd, uint64_t file_size, const std::string& path) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     throw Error(path + ": header is not valid JSON: " + e.what());
   }
   if (!j.is_object()) throw Error(path + ": header must be a JSON object");
@@ -140,13 +140,16 @@ Header parse_header(int fd, uint64_t file_size, const std::string& path) {
     TensorInfo t;
     t.name = name;
     t.dtype = dtype_from_name(e["dtype"].get<std::string>(), where);
-    unsigned __int128 numel = 1;
+    unsigned __int128 numel = 1, span = 1;
     for (const auto& d : e["shape"]) {
       uint64_t v = checked_u64(d, where + ": shape entry");
       if (v > (uint64_t{1} << 62)) throw Error(where + ": shape entry " + std::to_string(v) + " is too large");
       t.shape.push_back(static_cast<int64_t>(v));
       numel *= v;
       if (numel > (static_cast<unsigned __int128>(1) << 64)) throw Error(where + ": shape is too large");
+      // The strides libtorch computes for the tensor skip zero sizes: [0, 2^62, 2^62] has no bytes but does not fit.
+      span *= std::max<uint64_t>(v, 1);
+      if (span > static_cast<uint64_t>(INT64_MAX)) throw Error(where + ": shape is too large");
     }
     t.begin = checked_u64(e["data_offsets"][0], where + ": data_offsets[0]");
     t.end = checked_u64(e["data_offsets"][1], where + ": data_offsets[1]");

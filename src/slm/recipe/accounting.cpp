@@ -1,8 +1,23 @@
 #include "slm/recipe/accounting.h"
 
+#include <limits>
 #include <numeric>
 
+#include "slm/util/error.h"
+
 namespace slm {
+
+namespace {
+// Sizes multiply in 128 bits and every count is checked into 64: a recipe may give each size up to 2^31 - 1, so a
+// tensor's element count (and the sums) can pass 2^63, which was signed overflow. Such a recipe is refused.
+using Dim = __int128;
+long long checked(Dim v) {
+  if (v > std::numeric_limits<long long>::max() || v < std::numeric_limits<long long>::min())
+    throw Error("recipe: a parameter count overflows 64 bits (the sizes are too large)");
+  return static_cast<long long>(v);
+}
+long long add(long long a, Dim b) { return checked(a + b); }
+}  // namespace
 
 const char* kind_name(ParamKind k) {
   switch (k) {
@@ -23,7 +38,7 @@ const char* kind_name(ParamKind k) {
 }
 
 long long ParamSpec::numel() const {
-  return std::accumulate(shape.begin(), shape.end(), 1LL, [](long long a, long long b) { return a * b; });
+  return std::accumulate(shape.begin(), shape.end(), 1LL, [](long long a, long long b) { return checked(Dim{a} * b); });
 }
 
 // Projections and experts are matmul weights; Engram tables are row gathers whose 16-element blocks run along
@@ -39,7 +54,7 @@ long long nvfp4_bytes(const ParamSpec& p) {
   long long out = p.shape.size() >= 2 ? p.shape[p.shape.size() - 2] : 1;
   long long matrices = p.numel() / (in * out);
   long long blocks = (in + 15) / 16;
-  return matrices * (out * blocks * (8 + 1) + 4);
+  return checked(matrices * Dim{checked(Dim{out} * blocks * (8 + 1) + 4)});
 }
 
 namespace {
@@ -61,17 +76,19 @@ struct Builder {
   std::string prefix;
   std::string group;
   bool mtp;
-  void add(const std::string& name, std::vector<long long> shape, ParamKind kind, bool routed = false) {
+  void add(const std::string& name, std::initializer_list<Dim> dims, ParamKind kind, bool routed = false) {
+    std::vector<long long> shape;
+    for (const Dim d : dims) shape.push_back(checked(d));
     out.push_back(ParamSpec{prefix + name, std::move(shape), kind, group, routed, mtp});
   }
 };
 
 void attention_params(const Recipe& r, const LayerPlan& l, Builder& b) {
   const auto& a = *r.attention;
-  const long long D = r.d_model, H = a.heads;
+  const Dim D = r.d_model, H = a.heads;
   if (l.mla) {
     const auto& m = a.mla;
-    const long long qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    const Dim qk = Dim{m.qk_nope_head_dim} + m.qk_rope_head_dim;
     if (m.q_lora_rank > 0) {
       b.add("attn.wq_a.weight", {m.q_lora_rank, D}, ParamKind::Linear);
       b.add("attn.q_a_norm.weight", {m.q_lora_rank}, ParamKind::Norm);
@@ -79,12 +96,12 @@ void attention_params(const Recipe& r, const LayerPlan& l, Builder& b) {
     } else {
       b.add("attn.wq.weight", {H * qk, D}, ParamKind::Linear);
     }
-    b.add("attn.wkv_a.weight", {m.kv_lora_rank + m.qk_rope_head_dim, D}, ParamKind::Linear);
+    b.add("attn.wkv_a.weight", {Dim{m.kv_lora_rank} + m.qk_rope_head_dim, D}, ParamKind::Linear);
     b.add("attn.kv_a_norm.weight", {m.kv_lora_rank}, ParamKind::Norm);
-    b.add("attn.wkv_b.weight", {H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank}, ParamKind::Linear);
+    b.add("attn.wkv_b.weight", {H * (Dim{m.qk_nope_head_dim} + m.v_head_dim), m.kv_lora_rank}, ParamKind::Linear);
     b.add("attn.wo.weight", {D, H * m.v_head_dim}, ParamKind::Linear);
   } else {
-    const long long hd = a.head_dim, KV = a.kv_heads;
+    const Dim hd = a.head_dim, KV = a.kv_heads;
     b.add("attn.wq.weight", {H * hd, D}, ParamKind::Linear);
     b.add("attn.wk.weight", {KV * hd, D}, ParamKind::Linear);
     b.add("attn.wv.weight", {KV * hd, D}, ParamKind::Linear);
@@ -95,7 +112,7 @@ void attention_params(const Recipe& r, const LayerPlan& l, Builder& b) {
     }
   }
   if (l.dsa) {
-    const long long HI = a.dsa_indexer_heads, dI = a.dsa_indexer_dim;
+    const Dim HI = a.dsa_indexer_heads, dI = a.dsa_indexer_dim;
     b.add("attn.indexer.wq.weight", {HI * dI, D}, ParamKind::Indexer);
     b.add("attn.indexer.wk.weight", {dI, D}, ParamKind::Indexer);
     b.add("attn.indexer.k_norm.weight", {dI}, ParamKind::Norm);
@@ -106,26 +123,26 @@ void attention_params(const Recipe& r, const LayerPlan& l, Builder& b) {
 
 void moe_params(const Recipe& r, Builder& b) {
   const auto& e = *r.moe;
-  const long long D = r.d_model, N = e.routed_experts, f = e.expert_hidden;
+  const Dim D = r.d_model, N = e.routed_experts, f = e.expert_hidden;
   b.add("moe.router.weight", {N, D}, ParamKind::Router);
   b.add("moe.experts.w13", {N, 2 * f, D}, ParamKind::Expert, true);
   b.add("moe.experts.w2", {N, D, f}, ParamKind::Expert, true);
   if (e.shared_experts > 0) {
-    const long long fs = 1LL * e.shared_experts * e.shared_expert_hidden;
+    const Dim fs = Dim{e.shared_experts} * e.shared_expert_hidden;
     b.add("moe.shared.w13.weight", {2 * fs, D}, ParamKind::Linear);
     b.add("moe.shared.w2.weight", {D, fs}, ParamKind::Linear);
   }
 }
 
 void mlp_params(const Recipe& r, Builder& b) {
-  const long long D = r.d_model, f = r.mlp->hidden;
+  const Dim D = r.d_model, f = r.mlp->hidden;
   b.add("mlp.w13.weight", {2 * f, D}, ParamKind::Linear);
   b.add("mlp.w2.weight", {D, f}, ParamKind::Linear);
 }
 
 void mamba3_params(const Recipe& r, Builder& b) {
   const auto& m = *r.mamba3;
-  const long long D = r.d_model, H = m.heads, N = m.d_state, R = m.rank(), P = m.headdim;
+  const Dim D = r.d_model, H = m.heads, N = m.d_state, R = m.rank(), P = m.headdim;
   b.add("mamba.in_proj.weight", {m.in_proj_width(r.d_model), D}, ParamKind::Linear);
   b.add("mamba.dt_bias", {H}, ParamKind::Vector);
   b.add("mamba.B_bias", {H, R, N}, ParamKind::Vector);
@@ -144,8 +161,8 @@ void mamba3_params(const Recipe& r, Builder& b) {
 
 void m2rnn_params(const Recipe& r, Builder& b) {
   const auto& m = *r.m2rnn;
-  const long long D = r.d_model, Nh = m.heads, K = m.k_head_dim, V = m.v_head_dim, nqk = m.qk_heads;
-  const long long conv_ch = 2 * nqk * K + Nh * V;
+  const Dim D = r.d_model, Nh = m.heads, K = m.k_head_dim, V = m.v_head_dim, nqk = m.qk_heads;
+  const Dim conv_ch = 2 * nqk * K + Nh * V;
   b.add("m2rnn.in_proj.weight", {conv_ch + Nh + Nh * V, D}, ParamKind::Linear);
   b.add("m2rnn.conv.weight", {conv_ch, 1, m.conv_kernel}, ParamKind::Conv);
   b.add("m2rnn.conv.bias", {conv_ch}, ParamKind::Conv);
@@ -159,8 +176,8 @@ void m2rnn_params(const Recipe& r, Builder& b) {
 
 void engram_params(const Recipe& r, int streams, const std::vector<long long>& primes, Builder& b) {
   const auto& g = r.engram;
-  const long long D = r.d_model, n = streams;
-  const long long d_e = static_cast<long long>(g.orders.size()) * g.heads_per_order * g.embed_dim;
+  const Dim D = r.d_model, n = streams;
+  const Dim d_e = static_cast<Dim>(g.orders.size()) * g.heads_per_order * g.embed_dim;
   const long long rows = std::accumulate(primes.begin(), primes.end(), 0LL);
   Builder t{b.out, b.prefix, "engram_table", b.mtp};
   t.add("engram.table", {rows, g.embed_dim}, ParamKind::Table);
@@ -172,8 +189,8 @@ void engram_params(const Recipe& r, int streams, const std::vector<long long>& p
   b.add("engram.conv.weight", {n * D, 1, g.conv_kernel}, ParamKind::Conv);
 }
 
-void mhc_params(long long D, int streams, Builder& b) {
-  const long long n = streams;
+void mhc_params(Dim D, int streams, Builder& b) {
+  const Dim n = streams;
   b.add("mhc.phi", {n * n + 2 * n, n * D}, ParamKind::Mixing);
   b.add("mhc.bias", {n * n + 2 * n}, ParamKind::Vector);
   b.add("mhc.alpha", {3}, ParamKind::Scalar);
@@ -236,8 +253,8 @@ Accounting account(const Recipe& r, const ModelPlan& plan) {
     auto specs = layer_param_specs(r, l, "layers." + std::to_string(l.index) + ".", streams, primes[l.index]);
     for (auto& s : specs) {
       if (s.kind != ParamKind::Table) {
-        acc.layers[l.index].total += s.numel();
-        acc.layers[l.index].active += active_numel(r, s);
+        acc.layers[l.index].total = add(acc.layers[l.index].total, s.numel());
+        acc.layers[l.index].active = add(acc.layers[l.index].active, active_numel(r, s));
       }
       ps.push_back(std::move(s));
     }
@@ -267,26 +284,27 @@ Accounting account(const Recipe& r, const ModelPlan& plan) {
   for (const auto& s : ps) {
     const long long n = s.numel();
     const long long active = active_numel(r, s);
-    acc.stored += n;
-    acc.bytes_bf16 += 2 * n;
-    acc.bytes_nvfp4 += nvfp4_bytes(s);
+    acc.stored = add(acc.stored, n);
+    acc.bytes_bf16 = add(acc.bytes_bf16, Dim{2} * n);
+    acc.bytes_nvfp4 = add(acc.bytes_nvfp4, nvfp4_bytes(s));
     if (s.kind == ParamKind::Table) {
-      acc.engram_tables += n;
+      acc.engram_tables = add(acc.engram_tables, n);
     } else if (s.mtp) {
-      acc.mtp_total += n;
-      acc.mtp_active += active;
+      acc.mtp_total = add(acc.mtp_total, n);
+      acc.mtp_active = add(acc.mtp_active, active);
     } else {
-      acc.total += n;
-      acc.active += active;
-      acc.by_family[s.group] += n;
-      if (s.kind == ParamKind::Embedding) acc.embedding += n;
+      acc.total = add(acc.total, n);
+      acc.active = add(acc.active, active);
+      acc.by_family[s.group] = add(acc.by_family[s.group], n);
+      if (s.kind == ParamKind::Embedding) acc.embedding = add(acc.embedding, n);
     }
   }
   acc.active_excl_embedding = acc.active - acc.embedding;
   for (const auto& l : plan.layers)
     if (l.engram)
-      acc.engram_lookups_per_token +=
-          static_cast<long long>(r.engram.orders.size()) * r.engram.heads_per_order * r.engram.embed_dim;
+      acc.engram_lookups_per_token = add(acc.engram_lookups_per_token,
+                                         static_cast<Dim>(r.engram.orders.size()) * r.engram.heads_per_order *
+                                             r.engram.embed_dim);
   return acc;
 }
 

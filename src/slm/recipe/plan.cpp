@@ -160,7 +160,16 @@ ModelPlan make_plan(const Recipe& r) {
 
   if (r.engram.enabled) {
     check_on_attention(r, p, r.engram.layers, "engram.layers", "Engram");
-    for (auto& l : p.layers) l.engram = l.letter == 'A' && r.engram.layers.contains(l.index);
+    long long tables = 0;
+    for (auto& l : p.layers)
+      if ((l.engram = l.letter == 'A' && r.engram.layers.contains(l.index)))
+        tables += static_cast<long long>(r.engram.orders.size()) * r.engram.heads_per_order;
+    // Each table's size is a prime found by trial division (recipe/accounting.cpp); the shipped recipes have at
+    // most a few hundred tables, and an unbounded count (heads_per_order up to 2^31 - 1) never finished.
+    constexpr long long kMaxTables = 4096;
+    if (tables > kMaxTables)
+      throw Error(field(r, "engram") + ": " + std::to_string(tables) + " tables (Engram layers x orders x " +
+                  "heads_per_order), more than the " + std::to_string(kMaxTables) + " allowed");
   }
   if (r.mhc.enabled)
     for (auto& l : p.layers) l.mhc = r.mhc.layers.contains(l.index);

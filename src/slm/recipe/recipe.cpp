@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "slm/recipe/plan.h"
@@ -35,7 +36,11 @@ int Mamba3Config::rope_angles() const {
 long long Mamba3Config::in_proj_width(int d_model) const {
   long long di = 1LL * d_model * expand;
   long long h = di / headdim;
-  return 2 * di + 2LL * ngroups * rank() * d_state + 3 * h + rope_angles();
+  // In 128 bits: ngroups * rank * d_state alone may pass 2^63 for sizes a recipe allows (each up to 2^31 - 1).
+  const __int128 w = 2 * static_cast<__int128>(di) + static_cast<__int128>(2) * ngroups * rank() * d_state + 3 * h +
+                     rope_angles();
+  if (w > std::numeric_limits<long long>::max()) throw Error("mamba3: the input projection width overflows 64 bits");
+  return static_cast<long long>(w);
 }
 
 std::string EngramConfig::orders_text() const {
@@ -47,6 +52,12 @@ std::string EngramConfig::orders_text() const {
 bool is_pattern_letter(char c) { return c == 'A' || c == 'E' || c == 'M' || c == 'R' || c == 'F'; }
 
 namespace {
+
+// Far past any real model (the shipped ones have at most 52 layers and 1 MTP module), and small enough that the plan
+// and the accounting of a recipe stay a few MB: without them a "depth" of 2^31 - 1 made make_plan allocate 2 GB for
+// the pattern alone and then run out of memory.
+constexpr long long kMaxDepth = 4096;
+constexpr long long kMaxMtpDepth = 64;
 
 int positive_int(const JsonObjectReader& r, const std::string& key, long long value) {
   if (value <= 0) r.fail(key, "must be a positive integer, got " + std::to_string(value));
@@ -191,6 +202,8 @@ Mamba3Config read_mamba3(const JsonObjectReader& r, int d_model) {
   m.mimo_rank = opt_pos(r, "mimo_rank", m.mimo_rank);
   m.chunk_size = opt_pos(r, "chunk_size", m.chunk_size);
   long long inner = 1LL * d_model * m.expand;
+  if (inner > std::numeric_limits<int>::max())
+    r.fail("expand", "d_model*expand (" + std::to_string(inner) + ") is too large (at most 2^31 - 1)");
   if (inner % m.headdim != 0)
     r.fail("headdim", "d_model*expand (" + std::to_string(inner) + ") must be divisible by headdim (" +
                           std::to_string(m.headdim) + ")");
@@ -276,6 +289,9 @@ EngramConfig read_engram(const JsonObjectReader& r, int depth) {
   if (r.has("table_rows")) {
     long long rows = r.get_int("table_rows");
     if (rows <= 0) r.fail("table_rows", "must be a positive integer, got " + std::to_string(rows));
+    // The tables' sizes are the next primes (found by trial division, recipe/accounting.cpp): bounded so that the
+    // search stays quick, 2^32 rows being far past any table that fits in memory.
+    if (rows > (1LL << 32)) r.fail("table_rows", "must be at most 2^32, got " + std::to_string(rows));
     g.table_rows = rows;
   }
   g.embed_dim = r.has("embed_dim") ? req_pos(r, "embed_dim") : 0;
@@ -308,11 +324,14 @@ MhcConfig read_mhc(const JsonObjectReader& r, int depth) {
 MtpConfig read_mtp(const JsonObjectReader& r) {
   MtpConfig m;
   long long d = r.get_int("depth", 0);
-  if (d < 0) r.fail("depth", "must be 0 or more, got " + std::to_string(d));
+  if (d < 0 || d > kMaxMtpDepth)
+    r.fail("depth", "must be 0 to " + std::to_string(kMaxMtpDepth) + ", got " + std::to_string(d));
   m.depth = static_cast<int>(d);
   m.lambda = opt_double_in(r, "lambda", m.lambda, 0.0, 10.0);
   m.pattern = r.get_string("pattern", m.pattern);
   check_pattern_letters(r, "pattern", m.pattern);
+  if (static_cast<long long>(m.pattern.size()) > kMaxDepth)
+    r.fail("pattern", "must have at most " + std::to_string(kMaxDepth) + " letters");
   m.mla = r.get_bool("mla", m.mla);
   r.reject_unknown_keys();
   return m;
@@ -330,6 +349,7 @@ Recipe parse_recipe_text(const std::string& text, const std::string& source) {
   rec.vocab_size = req_pos(r, "vocab_size");
   rec.d_model = req_pos(r, "d_model");
   rec.depth = req_pos(r, "depth");
+  if (rec.depth > kMaxDepth) r.fail("depth", "must be at most " + std::to_string(kMaxDepth) + ", got " + std::to_string(rec.depth));
   rec.pattern = r.get_string("pattern");
   check_pattern_letters(r, "pattern", rec.pattern);
   rec.seq_len = req_pos(r, "seq_len");

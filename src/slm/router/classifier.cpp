@@ -140,19 +140,36 @@ Classifier Classifier::load(const std::string& path) {
   std::vector<std::string> labels;
   try {
     const auto& f = header["features"];
-    fo.bucket_bits = f.at("bucket_bits").get<uint32_t>();
+    // get<uint32_t>() of a float or a negative number converts without a check (1e30: undefined behaviour).
+    auto u32 = [&](const char* key) {
+      const auto& v = f.at(key);
+      if (!v.is_number_unsigned() || v.get<uint64_t>() > UINT32_MAX)
+        throw bad(std::string("malformed JSON header: features.") + key + " is not a 32-bit unsigned integer");
+      return v.get<uint32_t>();
+    };
+    fo.bucket_bits = u32("bucket_bits");
     fo.word_bigrams = f.at("word_bigrams").get<bool>();
     if (version >= 2) {
       fo.word_trigrams = f.at("word_trigrams").get<bool>();
       fo.line_shapes = f.at("line_shapes").get<bool>();
     }
-    fo.char_min = f.at("char_min").get<uint32_t>();
-    fo.char_max = f.at("char_max").get<uint32_t>();
-    fo.max_bytes = f.at("max_bytes").get<uint32_t>();
+    fo.char_min = u32("char_min");
+    fo.char_max = u32("char_max");
+    fo.max_bytes = u32("max_bytes");
     labels = header["labels"].get<std::vector<std::string>>();
   } catch (const nlohmann::json::exception& e) {
     throw bad(std::string("malformed JSON header: ") + e.what());
   }
+  // The size the header implies, checked before the weights are allocated: 2^26 buckets of 200 labels would be 50 GB.
+  try {
+    validate(fo);
+  } catch (const Error& e) {
+    throw bad(e.what());
+  }
+  const uint64_t implied = 16 + uint64_t{header_len} + (uint64_t{fo.buckets()} + 1) * labels.size() * sizeof(float) + 8;
+  if (bytes.size() != implied)
+    throw bad("size " + std::to_string(bytes.size()) + " bytes does not match its header (" + std::to_string(implied) +
+              " expected)");
   Classifier c = [&] {
     try {
       return Classifier(labels, fo);

@@ -83,7 +83,7 @@ PreparedGeneration prepare_generation(const Specialists& specialists, const Gene
                        " tokens (prompt and completion together)",
                    g.chat ? "messages" : "prompt", "context_length_exceeded");
   const int64_t max_tokens = g.max_tokens.value_or(std::min(default_max_tokens, ctx - n));
-  if (n + max_tokens > ctx)
+  if (max_tokens > ctx - n)  // not n + max_tokens > ctx: max_tokens may be near 2^63 (signed overflow)
     throw ApiError(400,
                    "the prompt (" + std::to_string(n) + " tokens) plus max_tokens (" + std::to_string(max_tokens) +
                        ") exceeds the model's context of " + std::to_string(ctx) + " tokens",

@@ -31,10 +31,13 @@ size_t edit_distance(const std::string& a, const std::string& b) {
 std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open file");
-  std::ostringstream ss;
-  ss << in.rdbuf();
+  // read(), not `ss << in.rdbuf()`: a failing read (a directory opens, then reading it fails with EISDIR) sets
+  // in's badbit through read(), where operator<< swallowed it and returned "" as if the file were empty.
+  std::string text;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) text.append(buf, static_cast<size_t>(in.gcount()));
   if (in.bad()) throw Error(path + ": read error");
-  return ss.str();
+  return text;
 }
 
 nlohmann::json parse_json_text(const std::string& text, const std::string& source) {
@@ -57,6 +60,9 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& sourc
     auto colon = what.find(": ", what.find("parse error"));
     std::string detail = colon == std::string::npos ? what : what.substr(colon + 2);
     throw Error(source + ":" + std::to_string(line) + ":" + std::to_string(col) + ": malformed JSON: " + detail);
+  } catch (const nlohmann::json::out_of_range& e) {  // a number past double's range (1e400): no position given
+    std::string what = e.what();
+    throw Error(source + ": malformed JSON: " + what.substr(what.find(']') + 2));
   }
 }
 
