@@ -83,7 +83,8 @@ void run_train(TrainCli& o, CLI::App* sub) {
     if (given("--bucket-elements")) ov["bucket_elements"] = o.cfg.bucket_elements;
     // New data (the next pack of a run spread over several GPU calls): the loader starts over on it.
     if (given("--data")) ov["data"] = data::resolve_training_data(o.cfg.data, std::cerr);
-    for (const char* f : {"--recipe", "--init", "--batch", "--seq-len", "--accum", "--seed", "--optim"})
+    for (const char* f : {"--recipe", "--init", "--batch", "--seq-len", "--accum", "--seed", "--optim", "--fim-rate",
+                          "--fim-spm-rate", "--fim-domains"})
       if (given(f))
         throw Error(std::string(f) + " cannot change on --resume (the checkpoint's value is used for an exact resume)");
     trainer = std::make_unique<train::Trainer>(train::Trainer::resume(o.resume, ov, std::cerr));
@@ -153,6 +154,22 @@ void add_train_command(CLI::App& app) {
   t->add_option("--optim", o->optim_overrides,
                 "optimizer setting key=value, e.g. --optim matrix_lr=0.01 (the group table printed at start lists "
                 "them; docs/training.md)");
+  t->add_option("--fim-rate", c.fim_rate,
+                "fill-in-the-middle: the share of the documents of the --fim-domains whose training windows are "
+                "rearranged into <|fim_prefix|> P <|fim_suffix|> S <|fim_middle|> M examples, split at characters "
+                "(0: left-to-right only; docs/training.md)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  t->add_option("--fim-spm-rate", c.fim_spm_rate,
+                "the share of the FIM examples in SPM order (<|fim_prefix|> <|fim_suffix|> S <|fim_middle|> P M), the "
+                "rest PSM")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  t->add_option("--fim-domains", c.fim_domains,
+                "the domains that get fill-in-the-middle (default: the code domains cpp, cmake, shell, algorithm, "
+                "debug, review; plain shards are the domain named after their prefix, e.g. data)")
+      ->delimiter(',')
+      ->capture_default_str();
   t->add_option("--grad-clip", c.grad_clip, "clip the gradient norm to this, the DSA indexers' apart (0: off)")
       ->capture_default_str();
   t->add_option("--max-bad-steps", c.max_bad_steps, "stop after this many consecutive non-finite steps")

@@ -168,6 +168,7 @@ Batch TokenLoader::next() {
       read_window(s, w, tok + row * T1, seg + row * T1);
       src[row] = static_cast<int64_t>(s);
       b.window.push_back(w);
+      b.sample.push_back(i);
     }
   }
   return b;

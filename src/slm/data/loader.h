@@ -56,6 +56,7 @@ struct Batch {
   torch::Tensor doc_ids;  // (B, T+1) int32: 0 for the document holding a row's first token, +1 at each document start
   torch::Tensor source;   // (B) int64: index of the source each row came from
   std::vector<uint64_t> window;  // per row: the window index within its source (for tests and debugging)
+  std::vector<uint64_t> sample;  // per row: the global sample index (keys per-sample transforms: data/fim.h)
 };
 
 class TokenLoader {

@@ -20,6 +20,7 @@
 #include <sstream>
 
 #include "slm/data/engram_canonical.h"
+#include "slm/data/fim.h"
 #include "slm/data/loader.h"
 #include "slm/data/shards.h"
 #include "slm/data/tokenizer.h"
@@ -169,6 +170,9 @@ nlohmann::json TrainConfig::to_json() const {
           {"profile_steps", profile_steps},
           {"cuda_graph", cuda_graph},
           {"init", init},
+          {"fim_rate", fim_rate},
+          {"fim_spm_rate", fim_spm_rate},
+          {"fim_domains", fim_domains},
           {"optim", optim.to_json()}};
 }
 
@@ -205,12 +209,18 @@ TrainConfig TrainConfig::from_json(const nlohmann::json& j) {
     c.profile_steps = j.value("profile_steps", c.profile_steps);
     c.cuda_graph = j.value("cuda_graph", c.cuda_graph);
     c.init = j.value("init", c.init);
+    // Absent: a run from before fill-in-the-middle, which trained without it (an exact resume keeps it so).
+    c.fim_rate = j.value("fim_rate", 0.0);
+    c.fim_spm_rate = j.value("fim_spm_rate", c.fim_spm_rate);
+    c.fim_domains = j.value("fim_domains", c.fim_domains);
     c.optim = OptimizerConfig::from_json(j.at("optim"));
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training configuration: ") + e.what());
   }
   return c;
 }
+
+std::vector<std::string> default_fim_domains() { return data::fim_default_domains(); }
 
 std::string default_run_dir(const std::string& recipe_file, const std::string& root) {
   std::string name = recipe_file.substr(recipe_file.find_last_of('/') + 1);
@@ -233,6 +243,8 @@ struct Trainer::State {
   std::unique_ptr<data::TokenLoader> loader;
   std::vector<data::ShardSource> validation;
   torch::Tensor token_bytes;  // [V] float64: bytes each id decodes to (bits per byte); undefined without tokenizer
+  std::unique_ptr<data::Tokenizer> tokenizer;  // the shards' tokenizer; null with --tokenizer none or none found
+  std::unique_ptr<data::FimTransform> fim;     // null when no training source has a FIM rate
   int64_t seq_len = 0;
   int64_t tokens_seen = 0;
   double flops_per_token = 0, peak_flops = 0;
@@ -262,6 +274,10 @@ void validate(const TrainConfig& c) {
   if (c.expert_parallel < 1) throw Error("--expert-parallel must be >= 1");
   for (const auto& [d, w] : c.mix)
     if (!(w > 0)) throw Error("--mix " + d + "=" + std::to_string(w) + ": weights must be > 0");
+  if (!(c.fim_rate >= 0 && c.fim_rate <= 1))
+    throw Error("--fim-rate " + std::to_string(c.fim_rate) + " must lie in [0, 1] (0: no fill-in-the-middle)");
+  if (!(c.fim_spm_rate >= 0 && c.fim_spm_rate <= 1))
+    throw Error("--fim-spm-rate " + std::to_string(c.fim_spm_rate) + " must lie in [0, 1]");
   c.lr.validate("--lr-schedule");
 }
 
@@ -364,7 +380,8 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
   if (tokenizer.empty()) tokenizer = shard_tokenizer(train.front().shards.front());
   std::vector<int64_t> canonical;  // Engram's compression map of the tokenizer's vocabulary
   if (!tokenizer.empty() && tokenizer != "none") {
-    auto tok = data::Tokenizer::load(tokenizer);
+    s->tokenizer = std::make_unique<data::Tokenizer>(data::Tokenizer::load(tokenizer));
+    const data::Tokenizer& tok = *s->tokenizer;
     if (s->recipe.engram.enabled) {
       canonical = data::engram_canonical_map(tok);
       canonical.resize(s->recipe.vocab_size);
@@ -374,6 +391,28 @@ std::unique_ptr<Trainer::State> build_state(const TrainConfig& cfg, const std::s
       throw Error(tokenizer + ": vocabulary " + std::to_string(tok.vocab_size()) + " exceeds the recipe's " +
                   std::to_string(s->recipe.vocab_size));
     s->token_bytes = token_byte_counts(tok, s->recipe.vocab_size);
+  }
+  // Fill-in-the-middle on the training windows of the FIM domains (after the loader cut them: data/fim.h).
+  std::vector<double> fim_rates;
+  std::string fim_on;
+  for (const auto& src : train) {
+    const bool on = cfg.fim_rate > 0 && std::count(cfg.fim_domains.begin(), cfg.fim_domains.end(), src.name) > 0;
+    fim_rates.push_back(on ? cfg.fim_rate : 0.0);
+    if (on) fim_on += (fim_on.empty() ? "" : ", ") + src.name;
+  }
+  if (!fim_on.empty()) {
+    if (!s->tokenizer)
+      throw Error("fill-in-the-middle (--fim-rate " + std::to_string(cfg.fim_rate) + " on domain(s) " + fim_on +
+                  ") re-encodes the split documents and needs the tokenizer the shards were made with: name it with "
+                  "--tokenizer MODEL, or train without FIM (--fim-rate 0)");
+    s->fim = std::make_unique<data::FimTransform>(*s->tokenizer, fim_rates, cfg.fim_spm_rate, cfg.seed);
+    auto pct = [](double r) {
+      char b[32];
+      std::snprintf(b, sizeof b, "%.4g%%", 100 * r);
+      return std::string(b);
+    };
+    s->notes.push_back("fill-in-the-middle on " + pct(cfg.fim_rate) + " of the documents of " + fim_on + " (" +
+                       pct(cfg.fim_spm_rate) + " of them in SPM order)");
   }
 
   torch::manual_seed(cfg.seed);
@@ -738,6 +777,7 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
     for (int64_t a = 0; a < cfg_.accum; ++a) {
       // Every rank reads the whole global batch (the same loader state everywhere) and trains on its rows.
       auto batch = s_->loader->next();
+      if (s_->fim) s_->fim->apply(batch, row0, rows);  // this rank's rows, rewritten in place
       auto tokens = batch.tokens.narrow(0, row0, rows);
       auto docs = batch.doc_ids.narrow(0, row0, rows);  // packed documents are trained each alone
       torch::Tensor main;

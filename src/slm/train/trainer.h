@@ -16,6 +16,9 @@
 
 namespace slm::train {
 
+// The domains fill-in-the-middle is on for unless --fim-domains says otherwise (data::fim_default_domains).
+std::vector<std::string> default_fim_domains();
+
 struct TrainConfig {
   std::string recipe;                // recipe file
   std::string data;                  // shard directory: <data>/<domain>/{train,validation}-NNNNN.slmtok
@@ -47,6 +50,12 @@ struct TrainConfig {
   bool recompute = false;     // activation checkpointing of the A/M/R/F blocks (HybridLM::set_recompute)
   int64_t profile_steps = 0;  // profile this many steps after two warm-up steps (profile.h; 0: off)
   bool cuda_graph = false;    // replay each micro-batch's forward and backward from a CUDA graph (graph_step.h)
+  // Fill-in-the-middle (data/fim.h): the share of the document fragments of the fim_domains' training windows that
+  // become FIM examples, and the share of those in SPM order. Validation stays left-to-right. A run saved before
+  // these existed resumes with fim_rate 0, as it was trained.
+  double fim_rate = 0.5;
+  double fim_spm_rate = 0.5;
+  std::vector<std::string> fim_domains = default_fim_domains();
   OptimizerConfig optim;
 
   nlohmann::json to_json() const;
