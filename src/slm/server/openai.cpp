@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace slm::server {
 
@@ -40,11 +41,21 @@ std::string message_content(const nlohmann::json& c, const std::string& where) {
   for (size_t i = 0; i < c.size(); ++i) {
     const auto& part = c[i];
     const std::string pw = where + "[" + std::to_string(i) + "]";
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
+    // Compared, not value("type", ""): that throws for a "type" that is not a string (an internal error, 500).
+    if (!part.is_object() || !part.contains("type") || part["type"] != "text" || !part.contains("text") ||
+        !part["text"].is_string())
       throw bad(pw, "only {\"type\": \"text\", \"text\": \"...\"} parts are supported");
     out += part["text"].get<std::string>();
   }
   return out;
+}
+
+// An integer field. nlohmann keeps integers past int64 as uint64; they saturate here rather than wrap negative.
+int64_t integer(const nlohmann::json& j, const std::string& key) {
+  if (!j[key].is_number_integer()) throw bad(key, "expected an integer");
+  if (j[key].is_number_unsigned())
+    return static_cast<int64_t>(std::min<uint64_t>(j[key].get<uint64_t>(), std::numeric_limits<int64_t>::max()));
+  return j[key].get<int64_t>();
 }
 
 double number(const nlohmann::json& j, const std::string& key) {
@@ -65,7 +76,7 @@ GenerationRequest parse_generation_request(const std::string& body, bool chat) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(body);
-  } catch (const nlohmann::json::parse_error& e) {
+  } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     throw ApiError(400, std::string("the body is not valid JSON: ") + e.what(), "", "invalid_json");
   }
   if (!j.is_object()) throw ApiError(400, "the body must be a JSON object", "", "invalid_json");
@@ -100,8 +111,12 @@ GenerationRequest parse_generation_request(const std::string& body, bool chat) {
   }
   for (const char* key : {"max_tokens", "max_completion_tokens"})
     if (j.contains(key) && !j[key].is_null()) {
-      if (!j[key].is_number_integer()) throw bad(key, "expected an integer");
-      const auto v = j[key].get<int64_t>();
+      // Past int64 no context holds it: refused here, where the value is still known (read as int64 it would wrap
+      // negative). Smaller ones meet the context check in prepare_generation.
+      if (j[key].is_number_unsigned() && j[key].get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()})
+        throw ApiError(400, std::string(key) + ": " + j[key].dump() + " is more tokens than any model's context", key,
+                       "context_length_exceeded");
+      const int64_t v = integer(j, key);
       if (v < 1) throw bad(key, "must be at least 1");
       r.max_tokens = v;
     }
@@ -114,8 +129,7 @@ GenerationRequest parse_generation_request(const std::string& body, bool chat) {
     if (!(r.sampling.top_p > 0 && r.sampling.top_p <= 1)) throw bad("top_p", "must be in (0, 1]");
   }
   if (j.contains("top_k") && !j["top_k"].is_null()) {  // vLLM's and llama.cpp's extension; -1 or 0: no limit
-    if (!j["top_k"].is_number_integer()) throw bad("top_k", "expected an integer");
-    const auto k = j["top_k"].get<int64_t>();
+    const int64_t k = integer(j, "top_k");
     if (k < -1) throw bad("top_k", "must be -1 or 0 (no limit) or positive");
     r.sampling.top_k = std::max<int64_t>(k, 0);
   }
@@ -135,8 +149,7 @@ GenerationRequest parse_generation_request(const std::string& body, bool chat) {
     r.sampling.seed = static_cast<uint64_t>(j["seed"].get<int64_t>());
   }
   if (j.contains("n") && !j["n"].is_null()) {
-    if (!j["n"].is_number_integer()) throw bad("n", "expected an integer");
-    if (j["n"].get<int64_t>() != 1) throw bad("n", "only n = 1 is supported");
+    if (integer(j, "n") != 1) throw bad("n", "only n = 1 is supported");
   }
   if (j.contains("stop") && !j["stop"].is_null()) {
     const auto& s = j["stop"];
@@ -169,7 +182,8 @@ GenerationRequest parse_generation_request(const std::string& body, bool chat) {
       throw ApiError(400, std::string(key) + ": not supported by this server", key, "unsupported_parameter");
   for (const char* key : {"tools", "functions", "best_of", "suffix", "top_logprobs", "response_format"})
     if (j.contains(key) && !j[key].is_null() && !(key == std::string("best_of") && j[key] == 1) &&
-        !(key == std::string("response_format") && j[key].is_object() && j[key].value("type", "") == "text"))
+        !(key == std::string("response_format") && j[key].is_object() && j[key].contains("type") &&
+          j[key]["type"] == "text"))
       throw ApiError(400, std::string(key) + ": not supported by this server", key, "unsupported_parameter");
   return r;
 }
@@ -183,8 +197,10 @@ nlohmann::json usage(const Completion& c) {
 }
 
 nlohmann::json envelope(const Completion& c, const char* object) {
-  nlohmann::json j = {{"id", c.id},       {"object", object},           {"created", c.created},
-                      {"model", c.model}, {"specialist", c.specialist}, {"system_fingerprint", nullptr}};
+  // No system_fingerprint: OpenAI's schema types it as a string when present, and there is no backend
+  // configuration fingerprint to report beyond the model and specialist names.
+  nlohmann::json j = {
+      {"id", c.id}, {"object", object}, {"created", c.created}, {"model", c.model}, {"specialist", c.specialist}};
   if (!c.routing.is_null()) j["routing"] = c.routing;
   return j;
 }
@@ -195,7 +211,7 @@ nlohmann::json completion_json(const Completion& c, bool chat) {
   auto j = envelope(c, chat ? "chat.completion" : "text_completion");
   if (chat)
     j["choices"] = {{{"index", 0},
-                     {"message", {{"role", "assistant"}, {"content", c.text}}},
+                     {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},  // refusal: required
                      {"logprobs", nullptr},
                      {"finish_reason", c.finish_reason}}};
   else
