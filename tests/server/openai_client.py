@@ -3,34 +3,20 @@
 
 Usage: openai_client.py SLM_BINARY SOURCE_DIR
 Starts `slm serve` on a free port with the tiny recipe (random weights) and checks chat, completions, streaming,
-the models list and an error. Prints "SKIPPED: ..." and exits 0 when the openai package is not installed.
+the models list and an error. Fails (exit 1) naming scripts/test-deps.sh when the openai package is missing.
 """
-import re
-import subprocess
 import sys
 
-try:
-    import openai
-except ImportError:
-    print("SKIPPED: the openai package is not installed (pip install openai)")
-    sys.exit(0)
+from slm_serve import SlmServe, require, tiny_model_args
+
+openai = require("openai")
 
 
 def main():
     slm, src = sys.argv[1], sys.argv[2]
-    server = subprocess.Popen(
-        [slm, "serve", "--recipe", f"{src}/recipes/tiny-hybrid.json", "--random-weights",
-         "--tokenizer", f"{src}/tokenizer/slm-code-512.model", "--port", "0", "--quiet"],
-        stderr=subprocess.PIPE, text=True)
-    try:
-        port = None
-        for line in server.stderr:
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                port = int(m.group(1))
-                break
-        assert port, "the server did not report its port"
-        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
+    with SlmServe(slm, tiny_model_args(src)) as server:
+        port = server.port
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", timeout=120)
 
         models = [m.id for m in client.models.list()]
         assert models == ["tiny-hybrid", "auto"], models
@@ -39,6 +25,7 @@ def main():
             model="auto", messages=[{"role": "user", "content": "Write a loop in C++."}], max_tokens=8,
             temperature=0)
         assert chat.choices[0].message.role == "assistant"
+        assert chat.choices[0].message.refusal is None
         assert chat.usage.completion_tokens >= 1
         assert chat.choices[0].finish_reason in ("stop", "length")
 
@@ -64,9 +51,6 @@ def main():
         except openai.BadRequestError as e:
             assert "n = 1" in str(e), e
         print(f"OK: openai {openai.__version__} against slm serve on port {port}")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -56,9 +56,19 @@ class InProcessChat final : public ChatBackend {
   Specialists& specialists_;
 };
 
+// cpp-httplib throws std::invalid_argument for a scheme it does not know (ftp://...) and makes an invalid client for
+// other URLs it cannot use; both are the user's URL, not an internal error.
+httplib::Client http_client(const std::string& url) {
+  try {
+    return httplib::Client(url);
+  } catch (const std::exception&) {
+    throw Error("chat: cannot use the URL " + url + " (expected http://host:port)");
+  }
+}
+
 class HttpChat final : public ChatBackend {
  public:
-  HttpChat(const std::string& url, std::string api_key) : client_(url), api_key_(std::move(api_key)) {
+  HttpChat(const std::string& url, std::string api_key) : client_(http_client(url)), api_key_(std::move(api_key)) {
     if (!client_.is_valid()) throw Error("chat: cannot use the URL " + url + " (expected http://host:port)");
     client_.set_read_timeout(600);
   }
