@@ -4,13 +4,16 @@
 #include <httplib.h>
 #include <netdb.h>
 #include <poll.h>
+#include <strings.h>
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <csignal>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -77,6 +80,18 @@ std::string dump(const Json& j) {
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status();
   res.set_content(dump(e.to_json()), "application/json");
+}
+
+// The method each endpoint answers, for the 405 that another method gets (with Allow).
+const char* allowed_method(const std::string& path) {
+  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
+  if (path == "/v1/models" || path == "/health" || path == "/metrics" || path == "/") return "GET";
+  return nullptr;
+}
+
+// Methods whose body cpp-httplib reads before it routes the request.
+bool has_body(const httplib::Request& req) {
+  return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
 }
 
 bool constant_time_equal(const std::string& a, const std::string& b) {
@@ -159,10 +174,10 @@ struct Server::Impl {
                     "application/json");
   }
 
-  void generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+  void generate(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat) {
     const auto t0 = Clock::now();
     const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
-    const GenerationRequest g = parse_generation_request(req.body, chat);
+    const GenerationRequest g = parse_generation_request(body, chat);
     auto prepared = prepare_generation(specialists, g, options.default_max_tokens);
     const std::string who = prepared.answered_by;  // a specialist, or "a+b" for a mixture
     std::shared_ptr<Session> session;
@@ -213,8 +228,11 @@ struct Server::Impl {
       while (!done) {
         c->text += session->next(std::chrono::milliseconds(50), done);
         if (!done && interrupted()) {
-          finish(false);
+          // Cancelled and logged before finish() waits for the engine to let go: the log line tells that the
+          // generation can produce nothing more.
+          session->cancel();
           log(req, 499, " client went away");
+          finish(false);
           res.status = 499;  // nobody is listening: the response is dropped with the connection
           res.set_content("client closed the request", "text/plain");
           return;
@@ -262,8 +280,9 @@ struct Server::Impl {
         if (!piece.empty()) return true;
         if (interrupted()) break;
       }
-      finish(false);
+      session->cancel();  // as above: cancelled, logged, then waited for
       log(req, 499, " client went away");
+      finish(false);
       return false;
     });
   }
@@ -283,22 +302,96 @@ struct Server::Impl {
     log(req, res.status, std::string(" ") + res.body.substr(0, 200));
   }
 
-  bool authorized(const httplib::Request& req, httplib::Response& res) {
+  bool key_ok(const httplib::Request& req) const {
     if (options.api_key.empty() || req.path == "/health" || req.path == "/") return true;  // no data there
     const std::string h = req.get_header_value("Authorization");
     const std::string prefix = "Bearer ";
     const std::string given = h.rfind(prefix, 0) == 0 ? h.substr(prefix.size()) : "";
-    if (constant_time_equal(given, options.api_key)) return true;
-    send_error(res,
-               ApiError(401, "missing or wrong API key (send \"Authorization: Bearer KEY\")", "", "invalid_api_key"));
-    metrics.request(req.path, 401);
-    return false;
+    return constant_time_equal(given, options.api_key);
+  }
+  static ApiError no_key() {
+    return ApiError(401, "missing or wrong API key (send \"Authorization: Bearer KEY\")", "", "invalid_api_key");
+  }
+
+  // The body of a POST to a generation endpoint, through cpp-httplib's content reader: the library's own limit covers
+  // a Content-Length only and would read a chunked body of any size into memory. A body is read whole even when it
+  // is refused (what lies beyond the limit is dropped): a request left half read would have its rest parsed as the
+  // connection's next request. error: why the body cannot be used (413, 411, 400), told after the API key and the
+  // Content-Type are checked.
+  std::string read_body(const httplib::Request& req, const httplib::ContentReader& reader,
+                        std::optional<ApiError>& error) {
+    std::string body;
+    const bool chunked = ::strcasecmp(req.get_header_value("Transfer-Encoding").c_str(), "chunked") == 0;  // as httplib
+    if (!chunked) {
+      if (!req.has_header("Content-Length")) {  // HTTP/1.1: no body; cpp-httplib would wait for the connection to end
+        error = ApiError(411, "a POST needs a Content-Length (or a chunked Transfer-Encoding)", "", "length_required");
+        return body;
+      }
+      const std::string length = req.get_header_value("Content-Length");
+      if (length.empty() || length.find_first_not_of("0123456789") != std::string::npos) {
+        // cpp-httplib reads "-1" as 2^64 - 1 bytes to skip and "abc" as none: the body's end is not known.
+        error = ApiError(400, "Content-Length \"" + length + "\" is not a number of bytes", "", "invalid_body");
+        return body;
+      }
+    }
+    bool over = false;
+    auto keep = [&](const char* data, size_t n) {
+      over = over || body.size() + n > options.max_body_bytes;
+      if (!over) body.append(data, n);
+      return true;
+    };
+    // A multipart body (refused below for its Content-Type) goes to the multipart reader: the plain one would hand
+    // its parts to an empty callback (an exception, answered 500).
+    const bool ok = req.is_multipart_form_data()
+                        ? reader([](const httplib::MultipartFormData&) { return true; },
+                                 [](const char*, size_t) { return true; })
+                        : reader(keep);
+    if (over || (!ok && req.get_header_value<uint64_t>("Content-Length") > options.max_body_bytes))
+      error = ApiError(413, "the body is larger than " + std::to_string(options.max_body_bytes) + " bytes", "",
+                       "body_too_large");
+    else if (!ok)
+      error = ApiError(400,
+                       "the body did not arrive in full (fewer bytes than its Content-Length within the read timeout, "
+                       "or a malformed chunk)",
+                       "", "invalid_body");
+    return body;
+  }
+
+  // The request body is JSON; a form or multipart body (curl -d or -F without a JSON Content-Type) is a client's
+  // mistake better named than by a JSON parse error. No Content-Type is taken as JSON.
+  static void require_json(const httplib::Request& req) {
+    std::string type = req.get_header_value("Content-Type");
+    type = type.substr(0, type.find(';'));
+    while (!type.empty() && type.back() == ' ') type.pop_back();
+    for (auto& ch : type) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+    const bool json = type == "application/json" || (type.size() > 5 && type.ends_with("+json"));
+    if (!type.empty() && !json)
+      throw ApiError(415, "Content-Type must be application/json (got \"" + req.get_header_value("Content-Type") + "\")",
+                     "", "unsupported_media_type");
+  }
+
+  void post(const char* path, bool chat) {
+    http.Post(path, [this, path, chat](const httplib::Request& req, httplib::Response& res,
+                                       const httplib::ContentReader& reader) {
+      guarded(req, res, path, [&] {
+        std::optional<ApiError> body_error;
+        const std::string body = read_body(req, reader, body_error);
+        if (!key_ok(req)) throw no_key();
+        require_json(req);  // before the body's own error: a multipart body the reader could not follow says no more
+        if (body_error) throw *body_error;
+        generate(req, body, res, chat);
+      });
+    });
   }
 
   void routes() {
+    // A request with a body is checked once the body is read (post(), or the error handler for the paths that have
+    // none): refused before, its body would be read as the connection's next request.
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-      return authorized(req, res) ? httplib::Server::HandlerResponse::Unhandled
-                                  : httplib::Server::HandlerResponse::Handled;
+      if (has_body(req) || key_ok(req)) return httplib::Server::HandlerResponse::Unhandled;
+      send_error(res, no_key());
+      metrics.request(req.path, 401);
+      return httplib::Server::HandlerResponse::Handled;
     });
     http.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(req, res, "/health", [&] { health(res); });
@@ -318,21 +411,30 @@ struct Server::Impl {
     http.Get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(web_page_html(), "text/html; charset=utf-8");
     });
-    http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(req, res, "/v1/chat/completions", [&] { generate(req, res, true); });
-    });
-    http.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-      guarded(req, res, "/v1/completions", [&] { generate(req, res, false); });
-    });
-    // What cpp-httplib answers by itself (unknown path, body too large, bad request line) gets an error object too.
+    post("/v1/chat/completions", true);
+    post("/v1/completions", false);
+    // What cpp-httplib answers by itself (unknown path or method, body too large, a request line or headers
+    // malformed or not sent in full within the read timeout) gets an error object too.
     http.set_error_handler(
         httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
           if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-          std::string msg = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-                            : res.status == 413
-                                ? "the body is larger than " + std::to_string(options.max_body_bytes) + " bytes"
-                                : "the request was refused (HTTP " + std::to_string(res.status) + ")";
-          send_error(res, ApiError(res.status, msg));
+          const char* allow = res.status == 404 ? allowed_method(req.path) : nullptr;
+          if (!key_ok(req) && res.status == 404) {
+            send_error(res, no_key());
+          } else if (allow) {
+            res.set_header("Allow", allow);
+            send_error(res, ApiError(405, req.method + " " + req.path + ": method not allowed (use " + allow + ")", "",
+                                     "method_not_allowed"));
+          } else {
+            send_error(res, ApiError(res.status,
+                                     res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
+                                     : res.status == 413
+                                         ? "the body is larger than " + std::to_string(options.max_body_bytes) + " bytes"
+                                     : res.status == 400
+                                         ? "the request is malformed, or its request line and headers did not arrive "
+                                           "in full within the read timeout"
+                                         : "the request was refused (HTTP " + std::to_string(res.status) + ")"));
+          }
           metrics.request("other", res.status);
           return httplib::Server::HandlerResponse::Handled;
         }));
@@ -344,6 +446,7 @@ Server::Server(Specialists& specialists, ServerOptions options)
   if (specialists.all().empty()) throw Error("serve: no specialists to serve");
   if (impl_->options.threads < 1) throw Error("serve: threads must be at least 1");
   if (impl_->options.default_max_tokens < 1) throw Error("serve: the default max_tokens must be at least 1");
+  if (!(impl_->options.read_timeout_s > 0)) throw Error("serve: the read timeout must be positive");
 }
 
 Server::~Server() {
@@ -359,7 +462,8 @@ int Server::start() {
   h.set_payload_max_length(impl_->options.max_body_bytes);
   // Without it, a small response written in pieces waits for the client's delayed ACK (40 ms per request on Linux).
   h.set_tcp_nodelay(true);
-  h.set_read_timeout(30);
+  h.set_read_timeout(std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::duration<double>(impl_->options.read_timeout_s)));
   h.set_write_timeout(30);
   impl_->routes();
   int port = impl_->options.port;

@@ -20,6 +20,9 @@ struct ServerOptions {
   size_t max_body_bytes = 4u << 20;
   int64_t default_max_tokens = 256;  // when a request gives none (capped by the context left)
   double request_timeout_s = 600;    // a generation still running after this long is cancelled
+  // A client that sends nothing for this long while its request (headers or body) is read gets a 400 and loses its
+  // HTTP worker thread, so a stalled client cannot hold one forever.
+  double read_timeout_s = 30;
   std::string api_key;               // non-empty: required as "Authorization: Bearer KEY" (not on /health and the page)
   std::function<void(const std::string&)> log;  // one line per request (optional)
 };
