@@ -126,9 +126,9 @@ class PlantedCorpus : public ::testing::Test {
     fs::create_directories(dir + "/dpkg");
     o.domains = {"cpp", "cmake", "shell"};
     o.out_dir = dir + "/out";
-    o.roots["cpp"] = {{src + "/cpp", "libfoo", "", false, {}}};
-    o.roots["cmake"] = {{src + "/cmake", "cmake-data", "BSD-3-Clause", false, {}}};
-    o.roots["shell"] = {{src + "/shell", "scripts", "GPL-2+", false, {}}};
+    o.roots["cpp"] = {{src + "/cpp", "libfoo", "", false, {}, ""}};
+    o.roots["cmake"] = {{src + "/cmake", "cmake-data", "BSD-3-Clause", false, {}, ""}};
+    o.roots["shell"] = {{src + "/shell", "scripts", "GPL-2+", false, {}, ""}};
     o.validation_fraction = 0.2;
     o.test_fraction = 0.2;
     o.eval_jsonl = dir + "/eval.jsonl";
@@ -238,7 +238,9 @@ TEST_F(PlantedCorpus, ShardsRoundTripThroughTheLoader) {
     loader.read_window(0, w, toks.data(), seg.data());
     for (int t = 0; t < 65; ++t) {
       ASSERT_EQ(static_cast<uint32_t>(toks[t]), stream[w * 64 + t]);
-      if (t > 0) ASSERT_EQ(seg[t] - seg[t - 1], toks[t] == tok.bos_id() ? 1 : 0);
+      if (t > 0) {
+        ASSERT_EQ(seg[t] - seg[t - 1], toks[t] == tok.bos_id() ? 1 : 0);
+      }
     }
   }
 }
@@ -253,9 +255,9 @@ TEST_F(PlantedCorpus, DebianSourceTreesNameTheirPackageAndLicense) {
   write_file(tree + "/CMakeLists.txt",
              "cmake_minimum_required(VERSION 3.9)\nproject(leveldb VERSION 1.23.0 LANGUAGES C CXX)\n");
   write_file(tree + "/ci/build.sh", "#!/bin/sh\nset -e\ncmake -S . -B out && cmake --build out\n");
-  o.roots["cpp"] = {{tree, "", "", false, {"/debian/"}}};
-  o.roots["cmake"] = {{tree, "", "", false, {"/debian/"}}};
-  o.roots["shell"] = {{tree, "", "", false, {"/debian/"}}};
+  o.roots["cpp"] = {{tree, "", "", false, {"/debian/"}, ""}};
+  o.roots["cmake"] = {{tree, "", "", false, {"/debian/"}, ""}};
+  o.roots["shell"] = {{tree, "", "", false, {"/debian/"}, ""}};
   o.validation_fraction = o.test_fraction = 0;
   auto rep = build_corpus(o);
   for (size_t d = 0; d < 3; ++d) EXPECT_EQ(rep.domains[d].documents, 1u) << o.domains[d];
@@ -285,7 +287,7 @@ TEST_F(PlantedCorpus, SourcePackagesCarryEachFilesLicenseAndStayInOneSplit) {
   }
   o.domains = {"cpp"};
   o.roots.clear();
-  for (const auto& t : trees) o.roots["cpp"].push_back({t, "", "", false, {"/debian/"}});
+  for (const auto& t : trees) o.roots["cpp"].push_back({t, "", "", false, {"/debian/"}, ""});
   o.validation_fraction = o.test_fraction = 0.25;
   auto rep = build_corpus(o);
   EXPECT_EQ(rep.domains[0].documents, 60u);

@@ -118,7 +118,9 @@ TEST(DebugCorpus, EveryCaseFillsAndVariantsDiffer) {
       EXPECT_NE(slots.at("A"), slots.at("B"));
       const std::string code = fill_slots(c.code, slots);
       EXPECT_EQ(code.find("${"), std::string::npos) << c.id;
-      if (!c.fixed.empty()) EXPECT_NE(fill_slots(c.fixed, slots), code) << c.id << ": the fix changes nothing";
+      if (!c.fixed.empty()) {
+        EXPECT_NE(fill_slots(c.fixed, slots), code) << c.id << ": the fix changes nothing";
+      }
       codes.insert(code);
     }
     EXPECT_GE(codes.size(), 2u) << c.id << ": variants are identical";
@@ -262,8 +264,8 @@ TEST(AlgorithmCorpus, RuleSendsAlgorithmFilesToAlgorithmOnly) {
   CorpusOptions o;
   o.domains = {"cpp", "algorithm"};
   o.out_dir = dir + "/out";
-  o.roots["cpp"] = {{src, "libstdc++-12-dev", "GPL-3+", true, algorithm_paths()}};
-  o.roots["algorithm"] = {{src, "libstdc++-12-dev", "GPL-3+", false, {}}};
+  o.roots["cpp"] = {{src, "libstdc++-12-dev", "GPL-3+", true, algorithm_paths(), ""}};
+  o.roots["algorithm"] = {{src, "libstdc++-12-dev", "GPL-3+", false, {}, ""}};
   o.validation_fraction = o.test_fraction = 0;
   o.dpkg_info_dir = dir + "/none";
   auto rep = build_corpus(o);
@@ -295,9 +297,9 @@ class RouterCorpus : public ::testing::Test {
                      "\nfor f in \"$@\"; do\n  echo \"$f\" | wc -c\ndone\n# " + random_code(100 + i, 2));
     o.domains = {"cpp", "cmake", "shell", "orchestration"};
     o.out_dir = dir + "/out";
-    o.roots["cpp"] = {{dir + "/src/cpp", "pkg-cpp", "MIT", false, {}}};
-    o.roots["cmake"] = {{dir + "/src/cmake", "pkg-cmake", "MIT", false, {}}};
-    o.roots["shell"] = {{dir + "/src/shell", "pkg-shell", "MIT", false, {}}};
+    o.roots["cpp"] = {{dir + "/src/cpp", "pkg-cpp", "MIT", false, {}, ""}};
+    o.roots["cmake"] = {{dir + "/src/cmake", "pkg-cmake", "MIT", false, {}, ""}};
+    o.roots["shell"] = {{dir + "/src/shell", "pkg-shell", "MIT", false, {}, ""}};
     o.validation_fraction = 0.25;
     o.test_fraction = 0.25;
     o.dpkg_info_dir = dir + "/none";

@@ -89,8 +89,9 @@ TEST(Packs, SplitUnderTheLimitAndUnpackByteForByte) {
     EXPECT_EQ(sha256_file(out + "/" + p.file), p.sha256);
     members.insert(p.members.begin(), p.members.end());
     for (const auto& m : p.members)  // a shard and its sidecar travel in one pack
-      if (m.ends_with(".slmtok"))
+      if (m.ends_with(".slmtok")) {
         EXPECT_NE(std::find(p.members.begin(), p.members.end(), m + ".json"), p.members.end()) << m;
+      }
     tokens += p.tokens;
     EXPECT_EQ(read_pack_header(out + "/" + p.file).tokens, p.tokens);
   }

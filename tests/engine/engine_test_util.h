@@ -76,6 +76,32 @@ inline std::vector<int64_t> greedy_reference(model::HybridLM& m, const std::vect
   return out;
 }
 
+// A one-shot event between the test and an engine's worker thread: set() once; wait() blocks until it is set or the
+// deadline passes and says which. Tests hold the worker inside a callback with it (the worker runs every callback,
+// so while it waits there nothing else of that engine moves) instead of sleeping or spinning on a race.
+struct Signal {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool is_set = false;
+  void set() {
+    {
+      std::lock_guard l(mu);
+      is_set = true;
+    }
+    cv.notify_all();
+  }
+  bool wait(std::chrono::seconds deadline = std::chrono::seconds(60)) {
+    std::unique_lock l(mu);
+    return cv.wait_for(l, deadline, [&] { return is_set; });
+  }
+};
+
+// Sets the signal when the scope ends, so that a failed ASSERT never leaves a worker held until its deadline.
+struct SetOnExit {
+  Signal& signal;
+  ~SetOnExit() { signal.set(); }
+};
+
 // Collects one engine request's tokens and waits for its end. also (optional) sees each token after it is stored.
 struct TokenSink {
   std::mutex mu;
@@ -100,7 +126,7 @@ struct TokenSink {
     std::unique_lock l(mu);
     cv.wait_for(l, std::chrono::seconds(120), [&] { return result.has_value(); });
     EXPECT_TRUE(result.has_value());
-    return result.value_or(engine::Result{engine::Finish::kError});
+    return result.value_or(engine::Result{engine::Finish::kError, 0, 0, "no result within 120 s"});
   }
 };
 

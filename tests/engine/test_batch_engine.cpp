@@ -78,7 +78,8 @@ TEST(BatchEngine, EachOfSixteenRequestsGetsItsTokensAlone) {
     o.max_queue = 16;
     auto eng = make_batch_engine({m}, o);
     std::vector<Sink> sinks(16);
-    for (int i = 0; i < 16; ++i) eng->submit({prompts[i], {0.0, 1.0, 0, 0}, max_tokens[i], {}}, sinks[i].callbacks());
+    for (int i = 0; i < 16; ++i)
+      eng->submit({prompts[i], {0.0, 1.0, 0, 0}, max_tokens[i], {}, {}}, sinks[i].callbacks());
     for (int i = 0; i < 16; ++i) {
       const auto r = sinks[i].wait();
       EXPECT_EQ(r.finish, Finish::kLength) << "dsa " << dsa << " request " << i << ": " << r.error;
@@ -113,7 +114,7 @@ TEST(BatchEngine, EqualFirstChunksPrefillTogetherAndGetTheirTokensAlone) {
   {
     std::lock_guard hold(*em.in_use);
     for (size_t i = 0; i < prompts.size(); ++i)
-      eng->submit({prompts[i], {0.0, 1.0, 0, 0}, max_tokens[i], {}}, sinks[i].callbacks());
+      eng->submit({prompts[i], {0.0, 1.0, 0, 0}, max_tokens[i], {}, {}}, sinks[i].callbacks());
   }
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto r = sinks[i].wait();
@@ -130,7 +131,7 @@ TEST(BatchEngine, EqualFirstChunksPrefillTogetherAndGetTheirTokensAlone) {
   for (int64_t t : prompt_of(6, 399)) longer.push_back(t + 1);
   for (const auto& prompt : {prompts[5], longer}) {
     Sink s;
-    eng->submit({prompt, {0.0, 1.0, 0, 0}, 4, {}}, s.callbacks());
+    eng->submit({prompt, {0.0, 1.0, 0, 0}, 4, {}, {}}, s.callbacks());
     EXPECT_EQ(s.wait().finish, Finish::kLength);
     EXPECT_EQ(s.tokens, test::greedy_reference(*m, prompt, 4, {}, {}));
   }
@@ -142,7 +143,7 @@ TEST(BatchEngine, SampledRequestsRepeatAloneAndAmongOthers) {
   auto m = hybrid_model(12);
   const auto p = prompt_of(9, 7);
   // With penalties, which count this request's own prompt and tokens only.
-  const Request sampled{p, {0.9, 0.95, 40, 1234, 1.3, 0.2, 0.4}, 16, {}};
+  const Request sampled{p, {0.9, 0.95, 40, 1234, 1.3, 0.2, 0.4}, 16, {}, {}};
   // Alone, through the model's own generation loop (engine::generate).
   GenerationOptions go;
   go.max_tokens = 16;
@@ -153,10 +154,10 @@ TEST(BatchEngine, SampledRequestsRepeatAloneAndAmongOthers) {
   o.slots = 4;
   auto eng = make_batch_engine({m}, o);
   Sink a, b, c, d;
-  eng->submit({prompt_of(20, 8), {1.0, 1.0, 0, 5, 1.1}, 12, {}}, b.callbacks());
+  eng->submit({prompt_of(20, 8), {1.0, 1.0, 0, 5, 1.1}, 12, {}, {}}, b.callbacks());
   eng->submit(sampled, a.callbacks());
-  eng->submit({prompt_of(4, 9), {0.0, 1.0, 0, 0}, 3, {}}, c.callbacks());
-  eng->submit({p, {0.9, 0.95, 40, 1235}, 16, {}}, d.callbacks());
+  eng->submit({prompt_of(4, 9), {0.0, 1.0, 0, 0}, 3, {}, {}}, c.callbacks());
+  eng->submit({p, {0.9, 0.95, 40, 1235}, 16, {}, {}}, d.callbacks());
   for (auto* s : {&a, &b, &c, &d}) EXPECT_EQ(s->wait().finish, Finish::kLength);
   EXPECT_EQ(a.tokens, alone);
   EXPECT_NE(d.tokens, alone);  // another seed
@@ -172,16 +173,41 @@ TEST(BatchEngine, StopIdsAndCancellationFreeTheirRows) {
   ASSERT_LT(until_stop.size(), 10u);
   DecodeEngineOptions o;
   o.slots = 2;
+  Sink stopped, cancelled, after;  // before the engine: its worker may touch them until it is joined
+  test::Signal held, release;
   auto eng = make_batch_engine({m}, o);
-  Sink stopped, cancelled, after;
-  eng->submit({p, {0.0, 1.0, 0, 0}, 10, {stop}}, stopped.callbacks());
-  const auto id = eng->submit({prompt_of(5, 4), {0.0, 1.0, 0, 0}, 200, {}}, cancelled.callbacks());
+  test::SetOnExit let_go{release};
+  eng->submit({p, {0.0, 1.0, 0, 0}, 10, {stop}, {}}, stopped.callbacks());
+  // The long request's first token after the stopped one has ended holds the worker until the test has cancelled
+  // it, so it cannot reach its 200 tokens first however the threads are scheduled (both ends run on the worker).
+  size_t tokens_when_held = 0;
+  const auto id = eng->submit({prompt_of(5, 4), {0.0, 1.0, 0, 0}, 200, {}, {}}, cancelled.callbacks([&](int64_t) {
+    {
+      std::lock_guard l(stopped.mu);
+      if (!stopped.result) return;
+    }
+    if (held.wait(std::chrono::seconds(0))) return;  // held once
+    {
+      std::lock_guard l(cancelled.mu);
+      tokens_when_held = cancelled.tokens.size();
+    }
+    held.set();
+    release.wait();
+  }));
   EXPECT_EQ(stopped.wait().finish, Finish::kStop);
   EXPECT_EQ(stopped.tokens, until_stop);
+  ASSERT_TRUE(held.wait()) << "the long request produced no token after the stopped one ended";
   eng->cancel(id);
-  EXPECT_EQ(cancelled.wait().finish, Finish::kCancelled);
+  release.set();
+  const auto r = cancelled.wait();
+  EXPECT_EQ(r.finish, Finish::kCancelled);
+  // It ends after the token in flight: the one whose callback held the worker.
+  EXPECT_EQ(r.completion_tokens, static_cast<int64_t>(tokens_when_held));
+  EXPECT_EQ(cancelled.tokens.size(), tokens_when_held);
+  EXPECT_LT(tokens_when_held, 200u);
+  EXPECT_EQ(eng->stats().running, 0);
   // Both rows are free again: a new request runs and equals its reference.
-  eng->submit({p, {0.0, 1.0, 0, 0}, 10, {}}, after.callbacks());
+  eng->submit({p, {0.0, 1.0, 0, 0}, 10, {}, {}}, after.callbacks());
   EXPECT_EQ(after.wait().finish, Finish::kLength);
   EXPECT_EQ(after.tokens, free_run);
 }
@@ -193,7 +219,7 @@ TEST(BatchEngine, PrefixCacheRestoresStatesThatGiveTheSameTokens) {
   auto m = hybrid_model(16);
   auto run = [&](Engine& eng, const std::vector<int64_t>& prompt) {
     Sink s;
-    eng.submit({prompt, {0.0, 1.0, 0, 0}, 6, {}}, s.callbacks());
+    eng.submit({prompt, {0.0, 1.0, 0, 0}, 6, {}, {}}, s.callbacks());
     EXPECT_EQ(s.wait().finish, Finish::kLength);
     EXPECT_EQ(s.tokens, test::greedy_reference(*m, prompt, 6, {}, {}));
     return eng.stats().reused_prompt_tokens;
@@ -236,7 +262,7 @@ TEST(BatchEngine, MlaModelsTakeTheOneAtATimeEngine) {
   EXPECT_THROW(make_batch_engine({m}, {}), Error);
   auto eng = make_decode_engine({m}, {});  // falls back, still serves
   Sink s;
-  eng->submit({prompt_of(5, 1), {0.0, 1.0, 0, 0}, 4, {}}, s.callbacks());
+  eng->submit({prompt_of(5, 1), {0.0, 1.0, 0, 0}, 4, {}, {}}, s.callbacks());
   EXPECT_EQ(s.wait().finish, Finish::kLength);
   EXPECT_EQ(s.tokens, test::greedy_reference(*m, prompt_of(5, 1), 4, {}, {}));
 }
@@ -266,7 +292,7 @@ TEST(BatchEngine, CudaGraphBucketsGiveEachRequestItsTokens) {
   auto eng = make_batch_engine({m}, o);
   std::vector<Sink> sinks(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i)
-    eng->submit({prompts[i], {0.0, 1.0, 0, 0}, 5 + 2 * static_cast<int64_t>(i), {}}, sinks[i].callbacks());
+    eng->submit({prompts[i], {0.0, 1.0, 0, 0}, 5 + 2 * static_cast<int64_t>(i), {}, {}}, sinks[i].callbacks());
   for (size_t i = 0; i < prompts.size(); ++i) {
     const auto r = sinks[i].wait();
     EXPECT_EQ(r.finish, Finish::kLength) << r.error;

@@ -101,20 +101,22 @@ TEST(Mixture, EngineTakesTurnsWithTheMembersOwnEngines) {
   auto ea = make_decode_engine(a, {}), eb = make_decode_engine(b, {});
   auto mix = make_mixture_engine({a, b}, {});
   const auto alone_a = test::greedy_reference(*a.model, kPrompt, 12, {}, {});
+  const auto alone_b = test::greedy_reference(*b.model, kPrompt, 12, {}, {});
+  ASSERT_NE(alone_a, alone_b) << "the two models must differ for the check to tell their engines apart";
   const auto mixed = mixture_reference({a.model.get(), b.model.get()}, {0.6, 0.4}, 12);
   std::vector<std::unique_ptr<Done>> sinks;
   for (int i = 0; i < 3; ++i) {
     sinks.push_back(std::make_unique<Done>());
     mix->submit({kPrompt, {0.0, 1.0, 0, 0}, 12, {}, {0.6, 0.4}}, sinks.back()->callbacks());
     sinks.push_back(std::make_unique<Done>());
-    ea->submit({kPrompt, {0.0, 1.0, 0, 0}, 12, {}}, sinks.back()->callbacks());
+    ea->submit({kPrompt, {0.0, 1.0, 0, 0}, 12, {}, {}}, sinks.back()->callbacks());
     sinks.push_back(std::make_unique<Done>());
-    eb->submit({kPrompt, {0.0, 1.0, 0, 0}, 12, {}}, sinks.back()->callbacks());
+    eb->submit({kPrompt, {0.0, 1.0, 0, 0}, 12, {}, {}}, sinks.back()->callbacks());
   }
   for (size_t i = 0; i < sinks.size(); i += 3) {
     EXPECT_EQ(sinks[i]->wait(), mixed);
     EXPECT_EQ(sinks[i + 1]->wait(), alone_a);
-    sinks[i + 2]->wait();
+    EXPECT_EQ(sinks[i + 2]->wait(), alone_b);
   }
 }
 

@@ -201,7 +201,9 @@ TEST(Engram, CanonicalMapOfTheCodeTokenizer) {
   EXPECT_LT(next, static_cast<int64_t>(map.size()));  // it compresses
   std::set<int64_t> specials;
   for (uint32_t id = 0; id < tok.vocab_size(); ++id)
-    if (tok.is_special(id)) EXPECT_TRUE(specials.insert(map[id]).second) << "special " << tok.piece(id) << " merged";
+    if (tok.is_special(id)) {
+      EXPECT_TRUE(specials.insert(map[id]).second) << "special " << tok.piece(id) << " merged";
+    }
   // Case variants of one word share an id when each is a single token.
   auto one = [&](const std::string& s) {
     auto ids = tok.encode(s);
@@ -252,7 +254,9 @@ TEST(Engram, ChangingLaterTokensNeverChangesEarlierLogits) {
     auto b = a.clone();
     b.select(1, t).copy_((a.select(1, t) + 1) % 13);
     auto la = m->forward(a).logits, lb = m->forward(b).logits;
-    if (t > 0) EXPECT_LT(max_abs_diff(la.narrow(1, 0, t), lb.narrow(1, 0, t)), 1e-6) << t;
+    if (t > 0) {
+      EXPECT_LT(max_abs_diff(la.narrow(1, 0, t), lb.narrow(1, 0, t)), 1e-6) << t;
+    }
     EXPECT_GT(max_abs_diff(la.narrow(1, t, 1), lb.narrow(1, t, 1)), 1e-4) << t;
   }
 }
@@ -288,25 +292,68 @@ TEST(Engram, DecodeAndChunkedPrefillMatchTheForward) {
   EXPECT_LT(max_abs_diff(again, full.narrow(1, total - 3, 3)), 1e-4);
 }
 
+// On the CPU the host-resident path is still a path of its own: inference gathers the rows into a staging buffer
+// (at::index_select_out) instead of index_select on the table, and training gathers from the moved table. Both give
+// the device-resident outputs exactly, and training's gradient reaches the table just the same.
 TEST(Engram, HostResidentTablesGiveTheSameOutputs) {
+  single_threaded();
+  auto m = random_engram_model(8);
+  auto tokens = random_tokens(2, 12, 13, 7);
+  torch::Tensor device;
+  {
+    torch::NoGradGuard no_grad;
+    device = m->forward(tokens).logits;
+    m->set_engram_host_resident(true);
+    for (const auto& e : m->engram_layers())
+      if (e) {
+        EXPECT_TRUE(e->host_resident() && e->table.device().is_cpu());
+      }
+    EXPECT_TRUE(torch::equal(m->forward(tokens).logits, device));
+    auto state = m->new_state(2, 12);
+    m->prefill(tokens.narrow(1, 0, 6), state);
+    for (int64_t t = 6; t < 12; ++t)
+      EXPECT_LT(max_abs_diff(m->decode(tokens.select(1, t), state), device.select(1, t)), 1e-4);
+  }
+  // Training: the same outputs and the same table gradient, host-resident or not.
+  auto table_grads = [&] {
+    m->zero_grad();
+    auto logits = m->forward(tokens).logits;
+    logits.square().mean().backward();
+    std::vector<torch::Tensor> g;
+    for (const auto& e : m->engram_layers())
+      if (e) g.push_back(e->table.grad().clone());
+    return std::make_pair(logits.detach(), g);
+  };
+  const auto [host_logits, host_grads] = table_grads();
+  EXPECT_LT(max_abs_diff(host_logits, device), 1e-5);  // the training forward may use other kernels
+  torch::NoGradGuard no_grad;
+  m->set_engram_host_resident(false);
+  for (const auto& e : m->engram_layers())
+    if (e) {
+      EXPECT_FALSE(e->host_resident());
+    }
+  EXPECT_TRUE(torch::equal(m->forward(tokens).logits, device));
+  {
+    torch::AutoGradMode grad(true);
+    const auto [resident_logits, resident_grads] = table_grads();
+    EXPECT_TRUE(torch::equal(resident_logits, host_logits));
+    ASSERT_EQ(host_grads.size(), resident_grads.size());
+    ASSERT_FALSE(host_grads.empty());
+    for (size_t i = 0; i < host_grads.size(); ++i) {
+      EXPECT_GT(host_grads[i].abs().max().item<double>(), 0.0) << "table " << i << " got no gradient";
+      EXPECT_TRUE(torch::equal(host_grads[i], resident_grads[i])) << "table " << i;
+    }
+  }
+}
+
+// On a GPU the host path really gathers in (pinned) host memory and copies the rows over.
+TEST(Engram, CudaHostResidentTablesGatherInHostMemory) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   single_threaded();
   auto m = random_engram_model(8);
   torch::NoGradGuard no_grad;
   auto tokens = random_tokens(2, 12, 13, 7);
   auto device = m->forward(tokens).logits;
-  m->set_engram_host_resident(true);
-  for (const auto& e : m->engram_layers())
-    if (e) EXPECT_TRUE(e->host_resident() && e->table.device().is_cpu());
-  EXPECT_TRUE(torch::equal(m->forward(tokens).logits, device));
-  auto state = m->new_state(2, 12);
-  m->prefill(tokens.narrow(1, 0, 6), state);
-  for (int64_t t = 6; t < 12; ++t)
-    EXPECT_LT(max_abs_diff(m->decode(tokens.select(1, t), state), device.select(1, t)), 1e-4);
-  m->set_engram_host_resident(false);
-  EXPECT_TRUE(torch::equal(m->forward(tokens).logits, device));
-
-  if (!torch::cuda::is_available()) return;
-  // On a GPU the host path really gathers in (pinned) host memory and copies the rows over.
   model::HybridLM gpu(parse(engram_json()), torch::TensorOptions().device(torch::kCUDA));
   auto src = m->named_parameters();
   for (auto& p : gpu.named_parameters()) p.value().copy_(src[p.key()]);

@@ -75,8 +75,12 @@ TEST(Mamba3Hybrid, TinyHybridBuildsEveryLetter) {
     const char letter = r.pattern[i];
     EXPECT_EQ(l.letter(), letter);
     EXPECT_STREQ(l.class_name(), model::layer_kind(letter).class_name);
-    if (letter == 'M') EXPECT_NE(dynamic_cast<const model::Mamba3Layer*>(&l), nullptr) << i;
-    if (letter == 'R') EXPECT_NE(dynamic_cast<const model::M2RNNLayer*>(&l), nullptr) << i;
+    if (letter == 'M') {
+      EXPECT_NE(dynamic_cast<const model::Mamba3Layer*>(&l), nullptr) << i;
+    }
+    if (letter == 'R') {
+      EXPECT_NE(dynamic_cast<const model::M2RNNLayer*>(&l), nullptr) << i;
+    }
   }
   std::map<std::string, std::vector<int64_t>> built, expected;
   for (const auto& p : m.named_parameters()) built[p.key()] = p.value().sizes().vec();

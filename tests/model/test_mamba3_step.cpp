@@ -39,7 +39,7 @@ std::vector<std::pair<torch::ScalarType, int64_t>> batches_of(const std::vector<
 void expect_fused_step_matches(const torch::Device& device, const std::vector<torch::ScalarType>& dtypes) {
   for (const char* path : {"recipes/tiny-hybrid.json", "recipes/hybrid-250m.json", "recipes/specialists/cmake.json"}) {
     Recipe r = load_recipe(source_path(path));
-    for (const auto [dtype, b] : batches_of(dtypes)) {
+    for (const auto& [dtype, b] : batches_of(dtypes)) {
       torch::manual_seed(5);
       model::Mamba3 ref(r, torch::TensorOptions().dtype(torch::kDouble));
       model::Mamba3 dev(r, torch::TensorOptions().dtype(dtype).device(device));

@@ -2,11 +2,9 @@
 // per-expert loop and the float64 reference (CPU, and CUDA when present), what the balancing bias may and may
 // not change, the aux-loss-free balancing loop, router statistics and the sequence-wise aux loss.
 #include <ATen/autocast_mode.h>
+#include <c10/cuda/CUDAFunctions.h>  // the sync debug mode; in the CUDA-enabled libtorch both builds link
 
 #include <algorithm>
-#ifdef SLM_WITH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
 
 #include "model_test_util.h"
 #include "quant/nvfp4_fp32_kernel.h"
@@ -290,16 +288,24 @@ TEST(MoE, CudaGroupedDispatchMatchesTheLoopUnderAutocast) {
   const char* names[] = {"output", "input", "w13", "w2", "router"};
   for (size_t i = 0; i < grouped.size(); ++i) EXPECT_LT(rel_diff(grouped[i], loop[i]), 1e-2) << names[i];
   for (int64_t e : kStarved) EXPECT_EQ(grouped[2][e].abs().max().item<float>(), 0.0f) << e;
-#ifdef SLM_WITH_CUDA
-  // A training forward and backward of the whole layer reads nothing back to the host: with the sync debug
-  // mode at "error", the loop path's count read (or a bincount) would throw.
+}
+
+// A training forward and backward of the whole layer on the grouped path reads nothing back to the host: with the
+// sync debug mode at "error", the loop path's count read (or a bincount) would throw. Compiled in every build, run
+// where there is a GPU and the CUDA kernels (an SLM_CUDA=OFF build routes with ATen ops, which may read back).
+TEST(MoE, CudaGroupedTrainingStepReadsNothingBackToTheHost) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!nvfp4::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
+  auto m = aligned_moe(torch::TensorOptions().device(torch::kCUDA));
+  torch::manual_seed(12);
+  CudaAutocastBf16 autocast;
   m->train();
   auto h = torch::randn({4, 64, 32}).cuda();
+  m->forward(h).to(torch::kFloat).sum().backward();  // first use: library handles and workspaces are set up here
   torch::cuda::synchronize();
   c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
   EXPECT_NO_THROW(m->forward(h).to(torch::kFloat).sum().backward());
   c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-#endif
 }
 
 TEST(MoE, GatheredExpertsEqualTheLoopInFloat64) {
@@ -329,8 +335,8 @@ TEST(MoE, GatheredExpertsEqualTheLoopInFloat64) {
 // On the GPU a decode step's NVFP4 experts gather their matrices by id on the device: the per-expert loop's output
 // (the same NVFP4 kernel per expert) and, up to BF16 activations, the dense reference on the dequantized weights.
 TEST(MoE, CudaNvfp4ExpertsGatheredByIdEqualTheLoop) {
-  if (!nvfp4::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!nvfp4::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   auto m = aligned_moe(cuda);
   auto q13 = nvfp4::quantize(m->experts->w13.detach().cpu()), q2 = nvfp4::quantize(m->experts->w2.detach().cpu());

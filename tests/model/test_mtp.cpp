@@ -48,8 +48,8 @@ TEST(Mtp, FirstModuleLogitsMatchAHandComputation) {
   randomize(m, 41);
   m.eval();
   torch::NoGradGuard no_grad;
-  const int64_t B = 2, T = 7, D = r.d_model, H = r.attention->heads, KV = r.attention->kv_heads,
-                hd = r.attention->head_dim, F = r.mlp->hidden;
+  const int64_t B = 2, T = 7, H = r.attention->heads, KV = r.attention->kv_heads, hd = r.attention->head_dim,
+                F = r.mlp->hidden;
   const double eps = r.norm_eps, theta = r.attention->rope_theta;
   ASSERT_TRUE(r.attention->qk_norm);
   auto tokens = random_tokens(B, T, r.vocab_size, 42);

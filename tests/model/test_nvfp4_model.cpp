@@ -232,8 +232,8 @@ TEST(Nvfp4Model, ForwardAndCachedDecodeEqualTheDequantizedDenseModel) {
 // per-expert loop), and that forward is the dequantized dense reference's up to BF16 activations (about 1%, as the
 // CPU's BF16 kernel above).
 TEST(Nvfp4Model, CudaGraphDecodeEqualsTheForward) {
-  if (!nvfp4::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!nvfp4::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   model::HybridLM m(checkpoints().recipe, torch::TensorOptions().device(torch::kCUDA));
   model::load_weights(m, checkpoints().nvfp4_head);
   m.eval();

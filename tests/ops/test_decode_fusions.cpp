@@ -136,12 +136,12 @@ TEST(DecodeFusionsCuda, FusedRoutingEqualsRouteAndTheFloat64Selection) {
 TEST(DecodeFusionsCuda, ExpertOrderEqualsTheHostsStableSort) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
   torch::manual_seed(9);
-  for (const auto [n, k, e] : {std::tuple<int64_t, int64_t, int64_t>{1, 4, 16},
-                               {5, 2, 40},
-                               {64, 4, 16},
-                               {64, 8, 128},
-                               {300, 6, 7},
-                               {256, 8, 1024}}) {
+  for (const auto& [n, k, e] : {std::tuple<int64_t, int64_t, int64_t>{1, 4, 16},
+                                {5, 2, 40},
+                                {64, 4, 16},
+                                {64, 8, 128},
+                                {300, 6, 7},
+                                {256, 8, 1024}}) {
     const auto ids = torch::randint(e, {n, k}, torch::kLong);
     ASSERT_TRUE(ops::expert_order_fusable(ids.cuda(), e));
     const auto [order, inv, token, ends] = ops::expert_order_fused(ids.cuda(), e);
@@ -608,8 +608,9 @@ TEST(DecodeFusionsCuda, SmallBatchLinearEqualsTheFloat64Product) {
                 dt == torch::kFloat ? 1e-6 : 8e-3)
           << dt << " rows " << rows;
       // Beyond kGemvMaxRows the product is at::linear itself.
-      if (rows <= ops::kGemvMaxRows)
+      if (rows <= ops::kGemvMaxRows) {
         EXPECT_LT((y - at::linear(x, w)).abs().max().item<double>() / scale, dt == torch::kFloat ? 1e-5 : 8e-3);
+      }
       // FP32 out from the inputs as they are: BF16 products are exact in FP32, so only the sum's order differs.
       const auto yf = ops::small_batch_linear_float(x, w);
       ASSERT_EQ(yf.scalar_type(), torch::kFloat);

@@ -134,7 +134,9 @@ TEST(TrainingFusionsCuda, ResidualMixNormMatchesFloat64) {
           EXPECT_LT(relative_error(grads[0], want[0]), 2e-5) << "dx " << where;
           EXPECT_LT(relative_error(grads[1], want[1]), 2e-5) << "dx0 " << where;
           EXPECT_LT(relative_error(grads[3], want[3]), 2e-5) << "dw " << where;
-          if (with_y) EXPECT_LT(relative_error(grads[4], want[4]), autocast ? 8e-3 : 2e-5) << "dy " << where;
+          if (with_y) {
+            EXPECT_LT(relative_error(grads[4], want[4]), autocast ? 8e-3 : 2e-5) << "dy " << where;
+          }
           // The lambdas' gradients: sums over all b t d elements of unit-scale products.
           const auto dl = f64(grads[2]), wl = f64(want[2]);
           const double tol = 1e-4 * std::sqrt(static_cast<double>(b * t * d)) * 4;

@@ -193,7 +193,9 @@ TEST(Nvfp4Encode, EveryE2M1ValueTimesManyScalesRoundTripsExactly) {
     const float* dp = d.data_ptr<float>();
     for (size_t i = 0; i < x.size(); ++i) {
       EXPECT_EQ(dp[i], x[i]) << "e=" << e << " i=" << i;
-      if (x[i] == 0.0f) EXPECT_EQ(std::signbit(dp[i]), std::signbit(x[i])) << i;
+      if (x[i] == 0.0f) {
+        EXPECT_EQ(std::signbit(dp[i]), std::signbit(x[i])) << i;
+      }
     }
   }
 }
@@ -248,8 +250,9 @@ void check_against_reference(const torch::Tensor& x_in, const nv::QTensor& q) {
         }
         EXPECT_NEAR(dp[idx], ref::e2m1_value(c) * Sv * s_dec, 1e-6 * std::fabs(dp[idx]) + 1e-300) << idx;
         double bound = amax_b / 6.0 * (1.0 + 1.0 / 16.0) * (1 + 1e-5);
-        if (Sv > 0.0 && Sv >= std::ldexp(1.0, -6))  // normal block scales: the format's relative bound
+        if (Sv > 0.0 && Sv >= std::ldexp(1.0, -6)) {  // normal block scales: the format's relative bound
           EXPECT_LE(std::fabs(dp[idx] - xp[idx]), bound) << "element " << idx;
+        }
       }
     }
   }
@@ -462,7 +465,9 @@ TEST(Nvfp4Layout, BlockValuesAreExactProductsOfCodesAndBlockScales) {
         const double want =
             ref::e2m1_value((k & 1) ? byte >> 4 : byte & 15) * ref::e4m3_value(scales[r * blocks + k / 16]);
         ASSERT_EQ(static_cast<double>(va[r][k]), want) << "row " << r << " element " << k;
-        if (k >= K) ASSERT_EQ(va[r][k], 0.0f) << "padding";
+        if (k >= K) {
+          ASSERT_EQ(va[r][k], 0.0f) << "padding";
+        }
       }
     EXPECT_TRUE(torch::equal(v.to(torch::kBFloat16).to(torch::kFloat), v));
     const int64_t rpm = q.rows_per_matrix();

@@ -99,8 +99,8 @@ TEST(Nvfp4Linear, RejectsMismatchedInputs) {
 }
 
 TEST(Nvfp4LinearCuda, MatchesDequantizeThenMatmul) {
-  if (!nv::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!nv::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   torch::manual_seed(23);
   struct Case {
     int64_t M, N, K;
@@ -139,8 +139,8 @@ TEST(Nvfp4LinearCuda, MatchesDequantizeThenMatmul) {
 // (N * blocks odd), matrices scaled apart so that a wrong tensor scale shows, more assignments than the 264-CTA
 // configuration switch, experts with no rows and ones with more than one 16-row chunk.
 TEST(Nvfp4LinearCuda, GatheredExpertsMatchEachAssignmentsMatrix) {
-  if (!nv::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!nv::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   torch::manual_seed(25);
   struct Case {
     int64_t E, N, K, rows, x_div;
@@ -192,8 +192,8 @@ TEST(Nvfp4LinearCuda, GatheredExpertsMatchEachAssignmentsMatrix) {
 // (checked against float64 above) rounded to nearest even, as torch's cast rounds it, for every form and batch size
 // (the 17-row product takes the dequantize + GEMM path).
 TEST(Nvfp4LinearCuda, Bf16OutputIsTheFloatResultRounded) {
-  if (!nv::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!nv::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   torch::manual_seed(26);
   const auto bf16 = torch::kBFloat16;
   nv::QTensor w = nv::quantize(torch::randn({6, 200, 256}) * 3).to(torch::kCUDA);

@@ -72,8 +72,9 @@ TEST(Quantize, LinearAndExpertWeightsGoToNvfp4AndTheRestStaysBf16) {
     } else {
       EXPECT_EQ(q.dense.at(p.name).scalar_type(), torch::kBFloat16);
     }
-    if (p.kind == slm::ParamKind::Embedding || p.kind == slm::ParamKind::Norm || p.kind == slm::ParamKind::Router)
+    if (p.kind == slm::ParamKind::Embedding || p.kind == slm::ParamKind::Norm || p.kind == slm::ParamKind::Router) {
       EXPECT_TRUE(q.dense.count(p.name));
+    }
   }
   EXPECT_GT(n_quant, 5);
   EXPECT_EQ(rep.total.quantized, n_quant);

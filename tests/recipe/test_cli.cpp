@@ -4,10 +4,13 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
 
+#include "recipe/shipped_recipes.h"
+#include "slm/recipe/accounting.h"
 #include "test_util.h"
 
 using slm::test::CliResult;
@@ -28,10 +31,14 @@ TEST(Cli, RecipeShowJsonNam56r) {
   EXPECT_EQ(j["composition"]["M"], 13);
   EXPECT_EQ(j["composition"]["R"], 4);
   EXPECT_EQ(j["layers"].size(), 52u);
-  double total = j["params"]["total"].get<double>();
-  EXPECT_NEAR(total / 4.73e9, 1.0, 0.03) << total;
+  // Exact, against the hand count from the recipe's dimensions (recipe/shipped_recipes.h).
+  constexpr auto hand = slm::test::nam56r_by_hand();
+  EXPECT_EQ(j["params"]["total"].get<long long>(), hand.total);
   EXPECT_TRUE(j["params"].contains("active"));
-  EXPECT_TRUE(j["params"].contains("by_family"));
+  ASSERT_TRUE(j["params"].contains("by_family"));
+  long long families = 0;
+  for (const auto& [name, n] : j["params"]["by_family"].items()) families += n.get<long long>();
+  EXPECT_EQ(families, hand.total) << "the families must add up to the total";
 }
 
 TEST(Cli, RecipeShowTextListsEveryLayer) {
@@ -71,8 +78,25 @@ TEST(Cli, EnsembleShowJsonHasSums) {
   ASSERT_EQ(r.code, 0) << r.out;
   auto j = nlohmann::json::parse(r.out);
   ASSERT_EQ(j["specialists"].size(), 8u);
-  long long total = 0;
-  for (const auto& s : j["specialists"]) total += s["total"].get<long long>();
+  // The sums against each specialist's own recipe file (recipes/specialists/<name>.json, as the manifest names them)
+  // counted on its own in this process (one `slm recipe show` per specialist would cost a second each), not against
+  // the per-specialist figures of this same output.
+  long long total = 0, active = 0, stored = 0, bf16 = 0, nvfp4 = 0;
+  for (const auto& s : j["specialists"]) {
+    const std::string name = s["name"];
+    const slm::Recipe recipe = slm::load_recipe(slm::test::source_path("recipes/specialists/" + name + ".json"));
+    const slm::Accounting a = slm::account(recipe, slm::make_plan(recipe));
+    EXPECT_EQ(s["total"].get<long long>(), a.total) << name;
+    EXPECT_EQ(s["active"].get<long long>(), a.active) << name;
+    total += a.total, active += a.active, stored += a.stored, bf16 += a.bytes_bf16, nvfp4 += a.bytes_nvfp4;
+  }
   EXPECT_EQ(j["total"].get<long long>(), total);
+  EXPECT_EQ(j["active"].get<long long>(), active);
+  EXPECT_EQ(j["stored"].get<long long>(), stored);
+  EXPECT_EQ(j["bytes_bf16"].get<long long>(), bf16);
+  EXPECT_EQ(j["bytes_nvfp4"].get<long long>(), nvfp4);
+  // The README's figures for this lineup: 54.4B total, 32.8 GiB in NVFP4.
+  EXPECT_EQ(std::llround(total / 1e8), 544) << total;
+  EXPECT_EQ(std::llround(nvfp4 / double(1LL << 30) * 10), 328) << nvfp4;
   EXPECT_GT(j["bytes_bf16"].get<long long>(), 3 * j["bytes_nvfp4"].get<long long>());
 }

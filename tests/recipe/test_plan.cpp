@@ -69,7 +69,9 @@ TEST(Placement, DsaFromStartLayer) {
   EXPECT_TRUE(p.layers[4].dsa);
   EXPECT_TRUE(p.layers[8].dsa);
   for (const auto& l : p.layers)
-    if (l.letter != 'A') EXPECT_FALSE(l.dsa);
+    if (l.letter != 'A') {
+      EXPECT_FALSE(l.dsa);
+    }
 }
 
 TEST(Placement, ExplicitDsaLayers) {

@@ -1,4 +1,5 @@
 // Every recipe and manifest the repository ships parses, and the full-size ones have their documented sizes.
+#include <cmath>
 #include <filesystem>
 
 #include "slm/recipe/accounting.h"
@@ -35,9 +36,32 @@ TEST(ShippedRecipes, Nam56rMatchesTheDocuments) {
   EXPECT_EQ(p.composition['E'], 22);
   EXPECT_EQ(p.composition['M'], 13);
   EXPECT_EQ(p.composition['R'], 4);
-  EXPECT_NEAR(a.total / 4.73e9, 1.0, 0.03);
-  // "3.03B active" in the documents: the active count without the input embedding and the LM head.
-  EXPECT_NEAR((a.active_excl_embedding - a.by_family.at("lm_head")) / 3.03e9, 1.0, 0.03);
+  // The dimensions nam56r_by_hand() multiplies out (shipped_recipes.h): a changed recipe fails here first.
+  EXPECT_EQ(r.depth, 52);
+  EXPECT_EQ(r.attention->heads, 32);
+  EXPECT_EQ(r.attention->kv_heads, 8);
+  EXPECT_EQ(r.attention->head_dim, 128);
+  EXPECT_EQ(r.attention->dsa_indexer_heads, 32);
+  EXPECT_EQ(r.attention->dsa_indexer_dim, 64);
+  EXPECT_EQ(r.moe->routed_experts, 16);
+  EXPECT_EQ(r.moe->experts_per_token, 4);
+  EXPECT_EQ(r.moe->expert_hidden, 352);
+  EXPECT_EQ(r.moe->shared_expert_hidden, 1024);
+  EXPECT_EQ(r.mamba3->d_state, 128);
+  EXPECT_EQ(r.mamba3->heads, 128);
+  EXPECT_EQ(r.mamba3->mimo_rank, 4);
+  EXPECT_EQ(r.m2rnn->heads, 128);
+  EXPECT_EQ(r.mlp->hidden, 21504);
+  EXPECT_EQ(r.engram.table_rows, 500000);
+  EXPECT_EQ(r.mhc.streams, 4);
+  // Exact counts, hand-computed: 4.732B total (the documents' 4.73B); "3.03B active" in the documents reads as the
+  // active count without the input embedding and the LM head (3.053B).
+  constexpr auto hand = nam56r_by_hand();
+  EXPECT_EQ(a.total, hand.total);
+  EXPECT_EQ(a.active_excl_embedding - a.by_family.at("lm_head"), hand.active_without_embeddings);
+  EXPECT_EQ(a.mtp_total, hand.mtp);
+  EXPECT_EQ(a.engram_tables, hand.engram_tables);
+  EXPECT_EQ(a.stored, hand.total + hand.mtp + hand.engram_tables);
   int dsa = 0, mla = 0;
   for (const auto& l : p.layers) dsa += l.dsa, mla += l.mla;
   EXPECT_EQ(dsa, 9);
@@ -85,9 +109,23 @@ TEST(ShippedRecipes, SpecialistCheckpointsShrinkAtLeast3xInNvfp4) {
 
 TEST(Ensemble, SumsAreSumsOfSpecialists) {
   Ensemble e = load_ensemble(source_path("recipes/ensembles/product.json"));
-  long long total = 0, active = 0, bf16 = 0;
-  for (const auto& s : e.specialists) total += s.accounting.total, active += s.accounting.active, bf16 += s.accounting.bytes_bf16;
+  // The manifest's eight specialists, each read here from its own recipe file (recipes/specialists/<name>.json, as
+  // the manifest names them) and counted on its own: the ensemble's sums must be the sums of these, and must show the
+  // README's figures for the lineup (54.4B total, 32.8 GiB in NVFP4).
+  const std::vector<std::string> names = {"cpp",           "cmake",  "debug",  "shell",
+                                          "orchestration", "design", "review", "algorithm"};
+  ASSERT_EQ(e.specialists.size(), names.size());
+  long long total = 0, active = 0, stored = 0, bf16 = 0, nvfp4 = 0;
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ(e.specialists[i].name, names[i]);
+    const Accounting a = account_file(source_path("recipes/specialists/" + names[i] + ".json"));
+    total += a.total, active += a.active, stored += a.stored, bf16 += a.bytes_bf16, nvfp4 += a.bytes_nvfp4;
+  }
   EXPECT_EQ(e.total, total);
   EXPECT_EQ(e.active, active);
+  EXPECT_EQ(e.stored, stored);
   EXPECT_EQ(e.bytes_bf16, bf16);
+  EXPECT_EQ(e.bytes_nvfp4, nvfp4);
+  EXPECT_EQ(std::llround(e.total / 1e8), 544) << e.total;
+  EXPECT_EQ(std::llround(e.bytes_nvfp4 / double(1LL << 30) * 10), 328) << e.bytes_nvfp4;
 }

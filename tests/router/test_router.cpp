@@ -112,7 +112,9 @@ TEST(RouterFeatures, UnitLengthSortedAndBounded) {
   for (size_t i = 0; i < v.size(); ++i) {
     n2 += v.value[i] * v.value[i];
     EXPECT_LT(v.index[i], f.buckets());
-    if (i) EXPECT_LT(v.index[i - 1], v.index[i]);
+    if (i) {
+      EXPECT_LT(v.index[i - 1], v.index[i]);
+    }
   }
   EXPECT_NEAR(n2, 1.0, 1e-5);
   EXPECT_EQ(extract_features("", f).size(), 0u);

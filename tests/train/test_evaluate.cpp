@@ -354,7 +354,10 @@ TEST(HeldOutStart, WholeDocumentsAtTheEndAtLeastAWindow) {
   const std::vector<std::string> two = {dir + "/a-00000.slmtok", dir + "/a-00001.slmtok"};  // 1000 tokens
   EXPECT_EQ(train::held_out_start(two, 11), 980u);  // want 11: latest start 989, in the document at 980 (20 <= 22)
   EXPECT_EQ(train::held_out_start(two, 5), 990u);   // want 10 (1%): 990 starts a document
-  EXPECT_EQ(train::held_out_start(two, 11), train::held_out_start(two, 11)) << "deterministic";
+  // want 21 (a window past 1%): latest start 979, in the document at 970 (30 <= 42).
+  EXPECT_EQ(train::held_out_start(two, 21), 970u);
+  // want 31: latest start 969, in the document at 960 (40 <= 62).
+  EXPECT_EQ(train::held_out_start(two, 31), 960u);
 
   write_documents(dir + "/long.slmtok", [] {
     std::vector<int> l(9, 10);

@@ -170,7 +170,9 @@ TEST(GraphStepCuda, TrainingRunFollowsTheEagerRun) {
     c.cuda_graph = graph;
     std::ostringstream log;
     train::Trainer(c, log).run();
-    if (graph) EXPECT_NE(log.str().find("CUDA graph"), std::string::npos) << log.str();
+    if (graph) {
+      EXPECT_NE(log.str().find("CUDA graph"), std::string::npos) << log.str();
+    }
     for (const auto& j : read_metrics(c.out))
       if (j.contains("loss")) runs[graph].push_back(j);
   }

@@ -34,5 +34,6 @@ TEST(Profiler, ShortKernelNames) {
             "at::native::(anonymous namespace)::cat_kernel<float, 4>");
   EXPECT_EQ(train::short_kernel_name("void f<(cutlass::Op)1>(Params)"), "f<(cutlass::Op)1>");
   EXPECT_EQ(train::short_kernel_name("nvjet_tst_128x64"), "nvjet_tst_128x64");
-  EXPECT_EQ(train::short_kernel_name(std::string(100, 'k'), 20), std::string(17, 'k') + "...");
+  // "kkkkkkkkkkkkkkkkk...": written out, as std::string(17, 'k') + "..." trips GCC 12's -Warray-bounds false positive.
+  EXPECT_EQ(train::short_kernel_name(std::string(100, 'k'), 20), "kkkkkkkkkkkkkkkkk...");
 }

@@ -125,7 +125,9 @@ TEST_F(TrainerFixture, InitStartsFromAnotherRunsWeightsWithAFreshOptimizer) {
   auto meta = train::load_checkpoint(start).meta;
   EXPECT_EQ(meta["tokens_seen"], 0);
   for (const auto& [name, m] : safetensors::load(start + "/optimizer.safetensors").tensors)
-    if (name.rfind("rng/", 0) != 0) EXPECT_EQ(m.abs().max().item<double>(), 0.0) << name << " must start at zero";
+    if (name.rfind("rng/", 0) != 0) {
+      EXPECT_EQ(m.abs().max().item<double>(), 0.0) << name << " must start at zero";
+    }
   EXPECT_NE(log.str().find("weights: initialised from " + train::latest_checkpoint(base.out)), std::string::npos);
   t.run();
   // The base had learnt the counting data: the branch's first loss is far below a fresh model's log(48).
@@ -305,7 +307,9 @@ TEST_F(TrainerFixture, DsaWarmupTrainsOnlyTheIndexers) {
     const bool is_indexer = name.find(".indexer.") != std::string::npos;
     indexer_tensors += is_indexer;
     if (is_indexer) {
-      if (name.find("norm") == std::string::npos) EXPECT_FALSE(torch::equal(w, warm.at(name))) << name;
+      if (name.find("norm") == std::string::npos) {
+        EXPECT_FALSE(torch::equal(w, warm.at(name))) << name;
+      }
     } else {
       EXPECT_TRUE(torch::equal(w, warm.at(name))) << name << " changed during the indexer warm-up";
     }
@@ -468,13 +472,19 @@ struct TrainCli : TrainerFixture {
     }
     return pid;
   }
-  // Waits until the run's latest checkpoint is at least `step`.
+  // The step of the run's latest checkpoint ("step-00000006" in <run>/latest); 0 when it has none yet.
+  static int latest_step(const std::string& run) {
+    const std::string latest = read_file(run + "/latest");  // the tests' read_file: "" while there is none
+    return latest.size() >= 13 ? std::stoi(latest.substr(5, 8)) : 0;
+  }
+  // Waits (up to 60 s) until the run's latest checkpoint is at least `step`; false when the process ended first.
+  // Polls every 2 ms, so that a kill right after it lands well before the run's end.
   bool wait_for_checkpoint(const std::string& run, int step, pid_t pid) {
-    for (int i = 0; i < 6000; ++i) {
-      auto latest = read_file(run + "/latest");
-      if (latest.size() >= 13 && std::stoi(latest.substr(5, 8)) >= step) return true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (latest_step(run) >= step) return true;
       if (waitpid(pid, nullptr, WNOHANG) == pid) return false;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
     return false;
   }
@@ -487,10 +497,20 @@ TEST_F(TrainCli, SigkillThenResumeMatchesAnUninterruptedRun) {
   ASSERT_TRUE(wait_for_checkpoint(b, 6, pid)) << "the background run never reached its second checkpoint";
   ::kill(pid, SIGKILL);
   int status = 0;
-  waitpid(pid, &status, 0);
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  // The kill interrupted the run: slm died of SIGKILL (a run that had finished would have exited 0), and its
+  // latest checkpoint is one of the periodic ones, short of the 40-step end.
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL)
+      << "the run was not killed by SIGKILL (wait status " << status << "): it ended before the kill";
+  const int killed_at = latest_step(b);
+  EXPECT_GE(killed_at, 6);
+  EXPECT_LT(killed_at, 40);
+  EXPECT_EQ(killed_at % 3, 0) << "not a --checkpoint-every 3 checkpoint";
   auto r = run_slm("train --resume " + b + " --threads 1");
   ASSERT_EQ(r.code, 0) << r.out;
-  EXPECT_NE(r.out.find("resumed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("at step " + std::to_string(killed_at) + " of 40"), std::string::npos)
+      << "the resumed run must continue from the checkpoint the kill left: " << r.out;
+  EXPECT_EQ(latest_step(b), 40);
   auto la = train_losses(a), lb = train_losses(b);
   ASSERT_EQ(la.size(), 40u);
   ASSERT_EQ(lb.size(), 40u);
