@@ -402,9 +402,15 @@ TEST(OptimizerGroups, CoverEveryParameterOfEveryShippedRecipeOnce) {
       } else {
         EXPECT_FALSE(muon) << f << ": " << s.name;
       }
-      if (s.kind == ParamKind::Table) EXPECT_EQ(g, "table") << s.name;
-      if (s.kind == ParamKind::Embedding) EXPECT_EQ(g, "embedding") << s.name;
-      if (s.kind == ParamKind::Head) EXPECT_EQ(g, "head") << s.name;
+      if (s.kind == ParamKind::Table) {
+        EXPECT_EQ(g, "table") << s.name;
+      }
+      if (s.kind == ParamKind::Embedding) {
+        EXPECT_EQ(g, "embedding") << s.name;
+      }
+      if (s.kind == ParamKind::Head) {
+        EXPECT_EQ(g, "head") << s.name;
+      }
       EXPECT_NE(std::find(group_names().begin(), group_names().end(), g), group_names().end()) << g;
     }
     long long sum = 0;
@@ -538,7 +544,7 @@ TEST(Muon, ShardedStepsAssembleToTheFullStep) {
     copy_weights(start, *ranks.back());
     Optimizer o(*ranks.back(), cfg);
     set_grads(*ranks.back(), 13);
-    o.step(1.0, MuonShard{r, world});
+    o.step(1.0, MuonShard{r, world, {}});
   }
   auto pf = full.named_parameters(), p0 = start.named_parameters();
   const auto& mats = ofull.muon_matrices();
@@ -555,10 +561,12 @@ TEST(Muon, ShardedStepsAssembleToTheFullStep) {
         EXPECT_TRUE(torch::equal(mine, slice(p0[name]))) << "rank " << r << " changed " << name << " " << mats[i].index;
     }
   }
-  for (const auto& p : full.named_parameters())
-    if (!muon_names.count(p.key()))
+  for (const auto& p : full.named_parameters()) {
+    if (!muon_names.count(p.key())) {
       for (int r = 0; r < world; ++r)
         EXPECT_TRUE(torch::equal(ranks[r]->named_parameters()[p.key()], p.value())) << p.key();
+    }
+  }
 }
 
 TEST(Muon, OwnerAssignmentIsBalancedAndDeterministic) {
@@ -604,7 +612,9 @@ TEST(Optimizer, FrozenGroupsAndMissingGradsAreSkipped) {
         EXPECT_FALSE(same) << n;
     }
   for (const auto& [name, t] : opt.state_tensors())  // a frozen group's momentum does not move either
-    if (name.rfind("muon.", 0) == 0) EXPECT_EQ(max_abs(t), 0.0) << name;
+    if (name.rfind("muon.", 0) == 0) {
+      EXPECT_EQ(max_abs(t), 0.0) << name;
+    }
 }
 
 // The optimizer trains: the micro model memorises one fixed batch within a few dozen steps.
