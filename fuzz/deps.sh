@@ -4,13 +4,9 @@
 # Installs only what is missing, as setup.sh does.
 set -euo pipefail
 packages=(clang-14 libclang-rt-14-dev lld-14)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+source "$(dirname "$0")/../scripts/debian.sh"
+mapfile -t missing < <(deb_missing "${packages[@]}")
 if ((${#missing[@]})); then
   echo "[deps] installing Debian packages: ${missing[*]}"
-  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  deb_install "${missing[@]}"
 fi

@@ -8,6 +8,7 @@
 #                                     (for `slm data build --source-dir out/data-src`); adds a deb-src entry
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/debian.sh
 
 # Binary packages read in place (their package name and copyright file become each document's metadata).
 PACKAGES=(
@@ -25,14 +26,10 @@ SOURCES=(leveldb ninja-build fmtlib spdlog googletest benchmark nlohmann-json3 c
 log() { printf '[data-deps] %s\n' "$*"; }
 SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
-done
+mapfile -t missing < <(deb_missing "${PACKAGES[@]}")
 if ((${#missing[@]})); then
   log "installing: ${missing[*]}"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  deb_install "${missing[@]}"
 else
   log "corpus packages present"
 fi

@@ -12,6 +12,7 @@
 #   SLM_WERROR=ON          compiler warnings are errors (CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/debian.sh
 
 BUILD_DIR=${BUILD_DIR:-build}
 SLM_CUDA=${SLM_CUDA:-OFF}
@@ -31,13 +32,11 @@ if [[ -z "${SLM_DEPS_PREFIX:-}" ]]; then
     # python3/pip may come from elsewhere (pyenv); only ask apt for them when absent.
     if [[ $p == python3 ]] && command -v python3 >/dev/null; then continue; fi
     if [[ $p == python3-pip ]] && have_python_pip; then continue; fi
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    [[ -n $(deb_missing "$p") ]] && missing+=("$p")
   done
   if ((${#missing[@]})); then
     log "installing Debian packages: ${missing[*]}"
-    SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+    deb_install "${missing[@]}"
   else
     log "Debian packages present"
   fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Test-only dependencies, which the program itself never needs: the Python clients the server tests drive `slm serve`
 # with (openai, ollama, selenium, jsonschema; pinned in scripts/test-requirements.txt), in a virtual environment at
-# .venv-test/ that the tests run (tests/CMakeLists.txt: SLM_TEST_PYTHON), and Debian's chromium and chromium-driver for
-# the chat page test in a headless browser. scripts/test.sh runs it before the tests.
+# .venv-test/ that the tests run (tests/CMakeLists.txt: SLM_TEST_PYTHON), Debian's chromium and chromium-driver for
+# the chat page test in a headless browser, and the Debian tools the source-fetch tests run. scripts/test.sh runs it
+# before the tests.
 # Idempotent: on a machine that has it all it installs nothing and takes a fraction of a second.
 #
 # Environment:
@@ -10,19 +11,20 @@
 #                              names another python at run time)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/debian.sh
 
 VENV=${SLM_TEST_VENV:-.venv-test}
 REQUIREMENTS=scripts/test-requirements.txt
 PY_MODULES=(openai ollama selenium jsonschema)
-DEB_PACKAGES=(chromium chromium-driver)
+# dpkg-dev and xz-utils: the source-fetch tests build a local Debian archive (dpkg-source, dpkg-scansources, xz); most
+# images have them, a minimal one does not, and there those tests would skip.
+DEB_PACKAGES=(chromium chromium-driver dpkg-dev xz-utils)
 
 log() { printf '[test-deps] %s\n' "$*"; }
 
-deb_missing() {
-  local p out=()
-  for p in "${DEB_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || out+=("$p")
-  done
+missing_debs() {
+  local out
+  mapfile -t out < <(deb_missing "${DEB_PACKAGES[@]}")
   # Debian's python3 makes virtual environments only with python3-venv (ensurepip); another python3 (pyenv) has it.
   python3 -c 'import ensurepip, venv' 2>/dev/null || out+=(python3-venv)
   if ((${#out[@]})); then printf '%s\n' "${out[@]}"; fi
@@ -40,7 +42,7 @@ venv_ok() {
 sys.exit(any(u.find_spec(m) is None for m in sys.argv[1:]))' "${PY_MODULES[@]}" 2>/dev/null
 }
 
-if [[ -z "$(deb_missing)" ]] && venv_ok; then
+if [[ -z "$(missing_debs)" ]] && venv_ok; then
   log "present: ${DEB_PACKAGES[*]}, $VENV (${PY_MODULES[*]})"
   exit 0
 fi
@@ -49,12 +51,10 @@ fi
 exec 9>"${TMPDIR:-/tmp}/slm-test-deps.lock"
 flock 9
 
-mapfile -t missing < <(deb_missing)
+mapfile -t missing < <(missing_debs)
 if ((${#missing[@]})); then
   log "installing Debian packages: ${missing[*]}"
-  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  deb_install "${missing[@]}"
 fi
 
 if ! venv_ok; then

@@ -153,9 +153,12 @@ TEST(SandboxLimits, WallClockKillsTheGroupAndEscapedSessionsDieWithTheNamespace)
   REQUIRE_NAMESPACES();
   eval::SandboxLimits l;
   l.wall_s = 1;
-  // A child in a session of its own is outside the process group; only the PID namespace catches it.
-  const auto r =
-      eval::Sandbox(eval::Isolation::kNamespaces).run({"sh", "-c", "setsid sleep 31.337 & sleep 30"}, fresh_dir(), l);
+  // A child in a session of its own is outside the process group; only the PID namespace catches it. Its duration
+  // carries this process's id, so that another run of this test at the same time (two ctest runs under load) is not
+  // taken for a survivor of this one.
+  const std::string marker = "31." + std::to_string(getpid());
+  const auto r = eval::Sandbox(eval::Isolation::kNamespaces)
+                     .run({"sh", "-c", "setsid sleep " + marker + " & sleep 30"}, fresh_dir(), l);
   // The cause is the wall clock (neither the CPU limit nor the output cap: sleep uses neither), and the run was
   // killed, not finished: the sleep would have taken 30 s. The time bound is only a safety deadline, far from the
   // 1 s limit (plus the 2 s kill escalation) so that a loaded machine never trips it.
@@ -173,7 +176,7 @@ TEST(SandboxLimits, WallClockKillsTheGroupAndEscapedSessionsDieWithTheNamespace)
   while (dirent* e = readdir(proc)) {
     std::ifstream f(std::string("/proc/") + e->d_name + "/cmdline", std::ios::binary);
     std::string cmd((std::istreambuf_iterator<char>(f)), {});
-    if (cmd.find("31.337") != std::string::npos && cmd.find("sh") != 0) ++survivors;
+    if (cmd.find(marker + '\0') != std::string::npos && cmd.find("sh") != 0) ++survivors;  // whole argument
   }
   closedir(proc);
   EXPECT_EQ(survivors, 0);
