@@ -4,6 +4,8 @@
 
 #include <condition_variable>
 #include <fstream>
+#include <limits>
+#include <map>
 #include <mutex>
 
 #include "engine/engine_test_util.h"
@@ -256,15 +258,198 @@ TEST(BatchEngine, PrefixCacheRestoresStatesThatGiveTheSameTokens) {
   EXPECT_EQ(run(*off, a), 0);
 }
 
+// Each request's next-token logits after its prompt, by id, as the batch engine's test hook reports them.
+struct LogitsProbe {
+  std::mutex mu;
+  std::map<RequestId, torch::Tensor> logits;
+  PromptLogitsHook hook() {
+    return [this](RequestId id, const torch::Tensor& l) {
+      std::lock_guard g(mu);
+      logits[id] = l.to(torch::kCPU, torch::kFloat).clone();
+    };
+  }
+};
+
+// One greedy request at a time: its result, tokens, first-token logits (from the probe) and how far it moved
+// Stats::reused_prompt_tokens.
+struct Answer {
+  Result result;
+  std::vector<int64_t> tokens;
+  torch::Tensor logits;
+  int64_t reused = 0;
+};
+Answer ask(Engine& eng, LogitsProbe& probe, const std::vector<int64_t>& prompt, std::vector<int64_t> cache_points) {
+  Sink s;
+  const int64_t before = eng.stats().reused_prompt_tokens;
+  const auto id = eng.submit({prompt, {0.0, 1.0, 0, 0}, 6, {}, {}, std::move(cache_points)}, s.callbacks());
+  Answer a{s.wait(), {}, {}, 0};
+  a.tokens = s.tokens;
+  a.reused = eng.stats().reused_prompt_tokens - before;
+  std::lock_guard g(probe.mu);
+  a.logits = probe.logits[id];
+  EXPECT_TRUE(a.logits.defined()) << "no logits reported";
+  return a;
+}
+
+// The model's own next-token logits after the whole prompt in one forward (the reference greedy_reference starts from).
+torch::Tensor whole_prefill_logits(model::HybridLM& m, const std::vector<int64_t>& prompt) {
+  torch::NoGradGuard no_grad;
+  auto state = m.new_state(1, static_cast<int64_t>(prompt.size()));
+  return m.prefill(torch::tensor(prompt, torch::kLong).unsqueeze(0), state)
+      .select(1, static_cast<int64_t>(prompt.size()) - 1)
+      .to(torch::kFloat);
+}
+
+// An editor's keystrokes (engine/infill_prompt.h's SPM order: only the prompt's tail changes): request A keeps its
+// state at a cache point 3 tokens before its end (and at one inside its first chunk, as the end of the extra
+// context), request B shares those 18 tokens and then differs. B restores exactly those 18 tokens, which only a cache
+// point offers on a recurrent model (the chunk boundary before them is 16), and its logits and tokens are those of
+// the model's own prefill of the whole prompt; with the same cache points an uncached run splits its prefill the
+// same way, and B's logits equal that run's to the bit.
+TEST(BatchEngine, CachePointsLetAKeystrokeRestoreAllButThePromptsTail) {
+  test::single_threaded();
+  auto m = hybrid_model(18);  // Mamba-3 and M2RNN states, which cannot be rewound, among attention and Engram
+  const auto a = prompt_of(21, 31);
+  auto b = std::vector<int64_t>(a.begin(), a.begin() + 18);
+  for (int64_t t : prompt_of(4, 32)) b.push_back(t + 1);
+  ASSERT_NE(b[18], a[18]);
+  const std::vector<int64_t> points = {5, 18};
+  const auto want_b = whole_prefill_logits(*m, b);
+  ASSERT_GT(test::max_abs_diff(want_b, whole_prefill_logits(*m, a)), 1e-2);  // the check below can fail
+  DecodeEngineOptions o;
+  o.slots = 2;
+  o.prefill_chunk = 8;
+  LogitsProbe probe;
+  auto eng = make_batch_engine({m}, o, probe.hook());
+  const auto first = ask(*eng, probe, a, points);
+  EXPECT_EQ(first.result.finish, Finish::kLength) << first.result.error;
+  EXPECT_EQ(first.result.cached_tokens, 0);  // a miss
+  EXPECT_EQ(first.tokens, test::greedy_reference(*m, a, 6, {}, {}));
+  const auto next = ask(*eng, probe, b, points);
+  EXPECT_EQ(next.result.finish, Finish::kLength) << next.result.error;
+  EXPECT_EQ(next.result.prompt_tokens, 22);
+  EXPECT_EQ(next.result.cached_tokens, 18);
+  EXPECT_EQ(next.reused, 18);
+  EXPECT_EQ(next.tokens, test::greedy_reference(*m, b, 6, {}, {}));
+  EXPECT_LT(test::max_abs_diff(next.logits, want_b), 1e-4);
+  {
+    LogitsProbe fresh_probe;
+    auto fresh = make_batch_engine({m}, o, fresh_probe.hook());
+    const auto uncached = ask(*fresh, fresh_probe, b, points);
+    EXPECT_EQ(uncached.result.cached_tokens, 0);
+    EXPECT_EQ(uncached.tokens, next.tokens);
+    EXPECT_TRUE(torch::equal(uncached.logits, next.logits));
+  }
+  // B without cache points of its own still starts from A's state at 18 (another split of its prefill: float
+  // rounding only).
+  auto c = b;
+  c.back() += 1;
+  const auto other_split = ask(*eng, probe, c, {});
+  EXPECT_EQ(other_split.result.cached_tokens, 18);
+  EXPECT_EQ(other_split.tokens, test::greedy_reference(*m, c, 6, {}, {}));
+  EXPECT_LT(test::max_abs_diff(other_split.logits, whole_prefill_logits(*m, c)), 1e-4);
+  // Without the cache point A keeps only its chunk boundaries and its end: B restores 16 tokens.
+  {
+    LogitsProbe plain_probe;
+    auto plain = make_batch_engine({m}, o, plain_probe.hook());
+    EXPECT_EQ(ask(*plain, plain_probe, a, {}).result.cached_tokens, 0);
+    const auto boundary = ask(*plain, plain_probe, b, {});
+    EXPECT_EQ(boundary.result.cached_tokens, 16);
+    EXPECT_EQ(boundary.tokens, next.tokens);
+  }
+  // With the cache off nothing is restored, cache points or not.
+  o.prefix_cache_bytes = 0;
+  LogitsProbe off_probe;
+  auto off = make_batch_engine({m}, o, off_probe.hook());
+  for (const auto& prompt : {a, b, b}) {
+    const auto r = ask(*off, off_probe, prompt, points);
+    EXPECT_EQ(r.result.cached_tokens, 0);
+    EXPECT_EQ(r.reused, 0);
+    EXPECT_EQ(r.tokens, test::greedy_reference(*m, prompt, 6, {}, {}));
+    EXPECT_LT(test::max_abs_diff(r.logits, whole_prefill_logits(*m, prompt)), 1e-4);
+  }
+}
+
+// Cache points at 0, below it, at or past the prompt's end and repeated, in any order, are ignored; the valid ones
+// (5, 11) are kept once each, and a later prompt restores at the longest of them (and the chunk boundary 8) that it
+// shares.
+TEST(BatchEngine, CachePointsOutsideThePromptAreIgnored) {
+  test::single_threaded();
+  auto m = hybrid_model(19);
+  DecodeEngineOptions o;
+  o.slots = 2;
+  o.prefill_chunk = 8;
+  LogitsProbe probe;
+  auto eng = make_batch_engine({m}, o, probe.hook());
+  const auto a = prompt_of(14, 41);
+  const auto first = ask(*eng, probe, a, {14, 0, -3, 11, 1000, 15, 5, 5, 11, std::numeric_limits<int64_t>::min()});
+  EXPECT_EQ(first.result.finish, Finish::kLength) << first.result.error;
+  EXPECT_EQ(first.result.cached_tokens, 0);
+  EXPECT_EQ(first.tokens, test::greedy_reference(*m, a, 6, {}, {}));
+  auto sharing = [&](int64_t shared, uint64_t seed) {
+    auto p = std::vector<int64_t>(a.begin(), a.begin() + shared);
+    p.push_back(a[static_cast<size_t>(shared)] + 1);  // the first token that differs
+    const auto tail = prompt_of(5, seed);
+    p.insert(p.end(), tail.begin() + 1, tail.end());
+    return p;
+  };
+  for (const auto& [shared, restored] : std::vector<std::pair<int64_t, int64_t>>{{4, 0}, {6, 5}, {10, 8}, {13, 11}}) {
+    const auto p = sharing(shared, 50 + static_cast<uint64_t>(shared));
+    const auto r = ask(*eng, probe, p, {});
+    EXPECT_EQ(r.result.cached_tokens, restored) << "sharing " << shared << " tokens";
+    EXPECT_EQ(r.reused, restored) << "sharing " << shared << " tokens";
+    EXPECT_EQ(r.tokens, test::greedy_reference(*m, p, 6, {}, {})) << "sharing " << shared << " tokens";
+  }
+  EXPECT_EQ(ask(*eng, probe, a, {}).result.cached_tokens, 14);  // the whole prompt
+}
+
+// Prompts waiting together with a cache point inside their first chunk run the chunk up to it in one forward; the
+// states there are kept as rows of the batch's state, and a later prompt restores one of them.
+TEST(BatchEngine, ACachePointInsideABatchedFirstChunkIsKept) {
+  test::single_threaded();
+  auto m = hybrid_model(20);
+  DecodeEngineOptions o;
+  o.slots = 4;
+  o.prefill_chunk = 8;
+  EngineModel em{m};
+  auto eng = make_batch_engine(em, o);
+  std::vector<std::vector<int64_t>> prompts;
+  std::vector<Sink> sinks(4);
+  {
+    std::lock_guard hold(*em.in_use);  // they wait together (at most the first starts alone)
+    for (size_t i = 0; i < sinks.size(); ++i) {
+      prompts.push_back(prompt_of(7, 60 + i));
+      eng->submit({prompts.back(), {0.0, 1.0, 0, 0}, 4, {}, {}, {4}}, sinks[i].callbacks());
+    }
+  }
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    const auto r = sinks[i].wait();
+    EXPECT_EQ(r.finish, Finish::kLength) << "request " << i << ": " << r.error;
+    EXPECT_EQ(r.cached_tokens, 0);
+    EXPECT_EQ(sinks[i].tokens, test::greedy_reference(*m, prompts[i], 4, {}, {})) << "request " << i;
+  }
+  EXPECT_GE(eng->stats().batched_prompts, 3);
+  auto later = std::vector<int64_t>(prompts[3].begin(), prompts[3].begin() + 5);
+  later.push_back(prompts[3][5] + 1);
+  Sink s;
+  eng->submit({later, {0.0, 1.0, 0, 0}, 4, {}, {}}, s.callbacks());
+  EXPECT_EQ(s.wait().cached_tokens, 4);
+  EXPECT_EQ(s.tokens, test::greedy_reference(*m, later, 4, {}, {}));
+}
+
 TEST(BatchEngine, MlaModelsTakeTheOneAtATimeEngine) {
   auto m = hybrid_model(14, hybrid_json(/*mla=*/true));
   EXPECT_NE(batch_decode_blocker(*m).find("MLA"), std::string::npos);
   EXPECT_THROW(make_batch_engine({m}, {}), Error);
   auto eng = make_decode_engine({m}, {});  // falls back, still serves
-  Sink s;
-  eng->submit({prompt_of(5, 1), {0.0, 1.0, 0, 0}, 4, {}, {}}, s.callbacks());
-  EXPECT_EQ(s.wait().finish, Finish::kLength);
-  EXPECT_EQ(s.tokens, test::greedy_reference(*m, prompt_of(5, 1), 4, {}, {}));
+  for (int i = 0; i < 2; ++i) {            // it keeps no prefix states: the cache point changes nothing
+    Sink s;
+    eng->submit({prompt_of(5, 1), {0.0, 1.0, 0, 0}, 4, {}, {}, {3}}, s.callbacks());
+    const auto r = s.wait();
+    EXPECT_EQ(r.finish, Finish::kLength);
+    EXPECT_EQ(r.cached_tokens, 0);
+    EXPECT_EQ(s.tokens, test::greedy_reference(*m, prompt_of(5, 1), 4, {}, {}));
+  }
 }
 
 // On the GPU each batch size replays its own CUDA graph, DSA, Engram and mHC included; every request still gets

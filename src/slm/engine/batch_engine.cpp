@@ -40,6 +40,7 @@ struct Sequence {
   int64_t length = 0;                              // tokens in its pool row
   int64_t next = 0;                                // the token its next decode step consumes
   Result result;
+  std::vector<int64_t> cache_points;  // Request::cache_points inside (0, prompt), sorted, once each; none: cache off
 };
 
 // A prompt's state kept for later prompts that start with the same tokens.
@@ -61,8 +62,8 @@ struct Bucket {
 
 class BatchEngine final : public QueuedEngine {
  public:
-  BatchEngine(EngineModel model, DecodeEngineOptions o, int64_t vocab, int64_t context)
-      : QueuedEngine(std::move(o), vocab, context, 1), model_(std::move(model)) {
+  BatchEngine(EngineModel model, DecodeEngineOptions o, int64_t vocab, int64_t context, PromptLogitsHook hook)
+      : QueuedEngine(std::move(o), vocab, context, 1), model_(std::move(model)), on_prompt_logits_(std::move(hook)) {
     if (options_.slots < 1) throw Error("engine: slots must be at least 1");
     if (options_.prefill_chunk < 1) throw Error("engine: prefill_chunk must be at least 1");
     auto& m = *model_.model;
@@ -97,9 +98,16 @@ class BatchEngine final : public QueuedEngine {
     const auto slots = static_cast<size_t>(options_.slots);
     while (take(slots - rows_.size() - prefilling_.size(), !rows_.empty() || !prefilling_.empty(), taken)) {
       for (auto& job : taken) {
-        Sequence q{job, model::Sampler(sampler_options(job->request.sampling)), std::nullopt, 0, 0, 0, {}};
+        Sequence q{job, model::Sampler(sampler_options(job->request.sampling)), std::nullopt, 0, 0, 0, {}, {}};
         q.sampler.set_prompt(job->request.prompt);
         q.result.prompt_tokens = static_cast<int64_t>(job->request.prompt.size());
+        if (options_.prefix_cache_bytes > 0) {  // without a cache a point would only split the prefill for nothing
+          auto& c = q.cache_points;
+          for (int64_t k : job->request.cache_points)
+            if (k > 0 && k < q.result.prompt_tokens) c.push_back(k);  // the prompt's end is saved anyway
+          std::sort(c.begin(), c.end());
+          c.erase(std::unique(c.begin(), c.end()), c.end());
+        }
         prefilling_.push_back(std::move(q));
       }
       taken.clear();
@@ -181,6 +189,7 @@ class BatchEngine final : public QueuedEngine {
     q.prefilled = k;
     best->used = ++clock_;
     reused_prompt_tokens_ += k;  // counted once the state is in place
+    q.result.cached_tokens = k;
     return k == static_cast<int64_t>(prompt.size()) ? best->logits : torch::Tensor();
   }
 
@@ -233,16 +242,32 @@ class BatchEngine final : public QueuedEngine {
     keep_prefix(q, std::move(own), 0, logits);
   }
 
+  // Where q's next chunk ends: at the next of its boundaries after q.prefilled, which are the multiples of
+  // prefill_chunk, its cache points and its end. The state is saved at each of them.
+  int64_t chunk_end(const Sequence& q) const {
+    const auto n = static_cast<int64_t>(q.job->request.prompt.size());
+    const int64_t end = std::min(n, (q.prefilled / options_.prefill_chunk + 1) * options_.prefill_chunk);
+    const auto point = std::upper_bound(q.cache_points.begin(), q.cache_points.end(), q.prefilled);
+    return point == q.cache_points.end() ? end : std::min(end, *point);
+  }
+
+  // The prompt's next-token logits to the test hook, if any.
+  void report_logits(const Sequence& q, const torch::Tensor& logits) {
+    if (on_prompt_logits_) on_prompt_logits_(q.job->id, logits);
+  }
+
   // The next chunk of the oldest prompt; once it is all in, the first token and a row in the pool. A prompt starts
-  // from the longest saved state of its first tokens; chunks end at multiples of prefill_chunk (so a prompt
-  // restored at such a boundary runs exactly the chunks it would run without the cache), where the state is saved.
+  // from the longest saved state of its first tokens, then runs chunk by chunk to its boundaries (chunk_end). So a
+  // prompt restored at k runs from k on exactly the chunks it would run without the cache, and starts from the
+  // state that run reaches at k, when k and the boundaries below k of the prompt that saved the state are among its
+  // own (the same prompt again; an editor's next keystroke with the same cache points); otherwise only the split
+  // of its prefill differs, which changes the result by float rounding alone.
   void prefill_chunk() {
     if (prefill_first_chunks()) return;
     auto& m = *model_.model;
     Sequence& q = prefilling_.front();
     const auto& prompt = q.job->request.prompt;
     const auto n = static_cast<int64_t>(prompt.size());
-    const int64_t step = options_.prefill_chunk;
     int64_t id = 0;
     try {
       std::lock_guard turn(*model_.in_use);
@@ -253,7 +278,7 @@ class BatchEngine final : public QueuedEngine {
         if (options_.prefix_cache_bytes > 0) logits = restore_prefix(q);
       }
       if (!logits.defined()) {
-        const int64_t end = std::min(n, (q.prefilled / step + 1) * step);
+        const int64_t end = chunk_end(q);
         const auto ids =
             torch::tensor(std::vector<int64_t>(prompt.begin() + q.prefilled, prompt.begin() + end), torch::kLong)
                 .unsqueeze(0)
@@ -263,6 +288,7 @@ class BatchEngine final : public QueuedEngine {
         save_prefix_copy(q, *q.prompt_state, logits);
       }
       if (q.prefilled < n) return;
+      report_logits(q, logits);
       id =
           q.sampler.sample(logits.masked_fill(banned_device_, -std::numeric_limits<float>::infinity())).item<int64_t>();
       if (q.job->request.max_tokens > 1 && !q.job->cancelled) {
@@ -284,12 +310,13 @@ class BatchEngine final : public QueuedEngine {
   // run that chunk in one forward of [prompts, chunk] tokens instead of one forward each: equal lengths, because
   // padding would run the recurrent layers past a shorter prompt's end. A prompt that fits in the chunk takes its
   // first token and its pool row from it at once; a longer one keeps its row of the batch as its own state and
-  // continues chunk by chunk. Returns false (nothing done) when fewer than two prompts qualify.
+  // continues chunk by chunk. The first chunk ends at the prompt's first boundary (chunk_end), a cache point inside
+  // it included, whose state is saved as a row of the batch like any other. Returns false (nothing done) when fewer
+  // than two prompts qualify.
   bool prefill_first_chunks() {
     auto first_chunk = [&](const Sequence& q) -> int64_t {
-      const auto& prompt = q.job->request.prompt;
-      if (q.prompt_state || (options_.prefix_cache_bytes > 0 && longest_saved(prompt))) return 0;
-      return std::min(static_cast<int64_t>(prompt.size()), options_.prefill_chunk);
+      if (q.prompt_state || (options_.prefix_cache_bytes > 0 && longest_saved(q.job->request.prompt))) return 0;
+      return chunk_end(q);
     };
     const int64_t chunk = first_chunk(prefilling_.front());
     std::vector<size_t> group;
@@ -327,6 +354,7 @@ class BatchEngine final : public QueuedEngine {
         }
         ending.push_back(r);
         samplers.push_back(&q.sampler);
+        report_logits(q, logits.narrow(0, r, 1));
       }
       if (!ending.empty()) {
         // The ending rows take the pool rows after the running ones, in order: one copy per buffer for each run of
@@ -431,6 +459,7 @@ class BatchEngine final : public QueuedEngine {
   }
 
   EngineModel model_;
+  const PromptLogitsHook on_prompt_logits_;
   torch::Device device_{torch::kCPU};
   torch::Tensor banned_device_;
   model::DecodeState pool_;
@@ -444,12 +473,14 @@ class BatchEngine final : public QueuedEngine {
 
 }  // namespace
 
-std::unique_ptr<Engine> make_batch_engine(EngineModel model, DecodeEngineOptions options) {
+std::unique_ptr<Engine> make_batch_engine(EngineModel model, DecodeEngineOptions options,
+                                          PromptLogitsHook on_prompt_logits) {
   if (!model.model) throw Error("engine: no model");
   if (const std::string why = batch_decode_blocker(*model.model); !why.empty())
     throw Error("continuous batching: " + why);
   const auto [vocab, context] = vocab_and_context({model}, options);
-  return std::make_unique<BatchEngine>(std::move(model), std::move(options), vocab, context);
+  return std::make_unique<BatchEngine>(std::move(model), std::move(options), vocab, context,
+                                       std::move(on_prompt_logits));
 }
 
 }  // namespace slm::engine

@@ -30,6 +30,13 @@ struct Request {
   int64_t max_tokens = 16;              // at least 1
   std::vector<int64_t> stop_ids;        // generation ends when one of these is produced; it is not delivered
   std::vector<double> mixture_weights;  // a mixture engine's weight per model (empty: equal); others ignore it
+  // Prompt lengths after which an engine with a prefix-state cache (the batch engine) should keep the state for later
+  // requests, besides its own chunk boundaries and the prompt's end: a recurrent state cannot be rewound, so a later
+  // prompt can start only from a point where a state was kept (the batch engine ends a prefill chunk at each, so the
+  // state after exactly that many tokens exists). An editor's completion passes the end of the part that stays the
+  // same while the user types (the extra context, the start of the cursor's line). Values outside (0, prompt.size()]
+  // and duplicates are ignored, any order; engines without a cache ignore them all.
+  std::vector<int64_t> cache_points{};  // {}: positional initializers may leave it out (-Wmissing-field-initializers)
 };
 
 enum class Finish { kLength, kStop, kCancelled, kError };
@@ -39,6 +46,8 @@ struct Result {
   Finish finish = Finish::kLength;
   int64_t prompt_tokens = 0, completion_tokens = 0;
   std::string error;  // kError only
+  // Of prompt_tokens, those whose state was restored from the prefix cache, not computed (0: a miss, or no cache).
+  int64_t cached_tokens = 0;
 };
 
 // Both run on the engine's thread (on_done of a request cancelled before it started: in cancel()), so they must be
