@@ -166,8 +166,8 @@ void add_train_command(CLI::App& app) {
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
   t->add_option("--fim-domains", c.fim_domains,
-                "the domains that get fill-in-the-middle (default: the code domains cpp, cmake, shell, algorithm, "
-                "debug, review; plain shards are the domain named after their prefix, e.g. data)")
+                "the domains that get fill-in-the-middle (default: the code domains cpp, cpp-graphs, cmake, shell, "
+                "algorithm, debug, review; plain shards are the domain named after their prefix, e.g. data)")
       ->delimiter(',')
       ->capture_default_str();
   t->add_option("--grad-clip", c.grad_clip, "clip the gradient norm to this, the DSA indexers' apart (0: off)")

@@ -33,7 +33,7 @@ std::vector<std::string> tricky_texts() {
       std::string("nul\0bytes\0", 10),
       "the space marker \xe2\x96\x81 and \xe2\x96\x81\xe2\x96\x81 twice",
       "unicode: \xce\xbb \xe2\x86\x92 \xf0\x9f\x98\x80 \xe4\xb8\xad\xe6\x96\x87",
-      "literal specials: <|fim_prefix|> <|user|> <|bos|> <s> </s>",
+      "literal specials: <|fim_prefix|> <|user|> <|bos|> <|file_sep|> <s> </s>",
       "digits 1234567890 3.14159e-10 0xDEADBEEF",
       std::string(300, ' ') + "\n" + std::string(50, '\t'),
       "#include <vector>\ntemplate <typename T>\nstd::vector<T> f(const std::vector<T>& v) { return v; }\n",
@@ -46,7 +46,6 @@ std::vector<std::string> tricky_texts() {
   }
   return v;
 }
-
 
 }  // namespace
 
@@ -73,14 +72,52 @@ TEST(Tokenizer, SpecialTokensAreControlSymbols) {
   EXPECT_EQ(t.pad_id(), 0u);
   EXPECT_EQ(t.bos_id(), 2u);
   EXPECT_EQ(t.eos_id(), 3u);
-  for (const auto& name : tokenizer_control_symbols()) {
+  ASSERT_EQ(tokenizer_control_symbols().size(), 22u);  // ids 4-25 (tokenizer/README.md)
+  for (size_t i = 0; i < tokenizer_control_symbols().size(); ++i) {
+    const std::string& name = tokenizer_control_symbols()[i];
     const uint32_t id = t.special_id(name);
+    EXPECT_EQ(id, 4 + i) << name;
     EXPECT_TRUE(t.is_special(id));
     EXPECT_EQ(t.decode({id}), "");
     EXPECT_EQ(t.decode({id}, /*render_specials=*/true), name);
   }
   EXPECT_NE(error_of([&] { t.special_id("<|nope|>"); }).find("no special token"), std::string::npos);
   EXPECT_NE(error_of([&] { t.decode({t.vocab_size()}); }).find("outside the vocabulary"), std::string::npos);
+}
+
+TEST(Tokenizer, ShippedModelsHaveTheFileSeparatorAtTheirFormerReservedIds) {
+  // The shipped models were trained with <|reserved_0|> and <|reserved_1|> at ids 18 and 19 (read from the .model
+  // files' protobuf pieces with a separate wire-format reader: both are CONTROL pieces, after <|domain|> at 17).
+  for (const char* path :
+       {"tokenizer/slm-code-8k.model", "tokenizer/slm-code-32k.model", "tokenizer/slm-code-512.model"}) {
+    SCOPED_TRACE(path);
+    const auto t = Tokenizer::load(source_path(path));
+    EXPECT_EQ(t.special_id("<|domain|>"), 17u);
+    EXPECT_EQ(t.special_id("<|file_sep|>"), 18u);
+    EXPECT_EQ(t.special_id("<|repo_name|>"), 19u);
+    EXPECT_EQ(t.special_id("<|reserved_2|>"), 20u);
+    EXPECT_EQ(t.piece(18), "<|file_sep|>");
+    EXPECT_EQ(t.piece(19), "<|repo_name|>");
+    // The old names are gone, so a renamed id has one name only.
+    EXPECT_NE(error_of([&] { t.special_id("<|reserved_0|>"); }).find("no special token"), std::string::npos);
+    EXPECT_NE(error_of([&] { t.special_id("<|reserved_1|>"); }).find("no special token"), std::string::npos);
+    for (uint32_t id : {18u, 19u}) {
+      EXPECT_TRUE(t.is_special(id));
+      EXPECT_EQ(t.decode({id}), "");
+    }
+    // Text never yields them: the literal names encode as ordinary pieces and decode back to themselves.
+    const std::string text = "a<|file_sep|>b\n<|repo_name|>c <|reserved_0|>";
+    const auto ids = t.encode(text);
+    for (uint32_t id : ids) EXPECT_FALSE(t.is_special(id)) << id;
+    EXPECT_GT(ids.size(), 6u);
+    EXPECT_EQ(t.decode(ids), text);
+    // Rendered, the ids show their new names; a mixed sequence round-trips through its rendering.
+    std::vector<uint32_t> mixed = {18};
+    for (uint32_t id : t.encode("src/a.cc\nint a;\n")) mixed.push_back(id);
+    mixed.push_back(19);
+    EXPECT_EQ(t.decode(mixed, /*render_specials=*/true), "<|file_sep|>src/a.cc\nint a;\n<|repo_name|>");
+    EXPECT_EQ(t.decode(mixed), "src/a.cc\nint a;\n");
+  }
 }
 
 TEST(Tokenizer, TrainsATinyModelThatRoundTrips) {
@@ -99,6 +136,10 @@ TEST(Tokenizer, TrainsATinyModelThatRoundTrips) {
   EXPECT_EQ(rep.vocab_size, 400u);
   auto t = Tokenizer::load(o.output);
   for (const auto& s : tricky_texts()) ASSERT_EQ(t.decode(t.encode(s)), s);
+  // A new model has the new names at the ids the shipped ones give them.
+  EXPECT_EQ(t.special_id("<|file_sep|>"), 18u);
+  EXPECT_EQ(t.special_id("<|repo_name|>"), 19u);
+  EXPECT_EQ(t.special_id("<|reserved_7|>"), 25u);
   EXPECT_LT(t.encode(text).size(), text.size() / 3 * 2);  // merges beat raw bytes
 }
 

@@ -2,6 +2,7 @@
 // per byte, so every count below can be checked by counting characters).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -178,7 +179,8 @@ TEST(InfillPrompt, ABudgetBelowTheFixedTokensGivesJustThem) {
 TEST(InfillPrompt, WithTheCodeTokenizer) {
   const auto tok = data::Tokenizer::load(source_path("tokenizer/slm-code-512.model"));
   const auto t = engine::infill_tokens(tok);
-  EXPECT_EQ(t.file_sep, -1) << "the committed models have no <|file_sep|> (tokenizer/README.md)";
+  // The committed models' former <|reserved_0|> (id 18) is the file separator (data/tokenizer.cpp).
+  EXPECT_EQ(t.file_sep, 18);
   const auto p = engine::build_infill_prompt(request("int main() {\n", "  return ", "\n}\n"), InfillOrder::Psm, 200, tok);
   ASSERT_GE(p.ids.size(), 4u);
   EXPECT_EQ(p.ids[0], tok.bos_id());
@@ -187,6 +189,17 @@ TEST(InfillPrompt, WithTheCodeTokenizer) {
   std::vector<uint32_t> all(p.ids.begin(), p.ids.end());
   EXPECT_EQ(tok.decode(all, /*render_specials=*/true),
             "<|bos|><|fim_prefix|>int main() {\n  return <|fim_suffix|>\n}\n<|fim_middle|>");
+  // With the separator the extra chunks are kept, each after <|file_sep|> and its path, then the current file's.
+  auto r = request("int main() {\n", "  return ", "\n}\n");
+  r.extra = {{"a.h", "int a();\n"}};
+  r.filename = "m.cpp";
+  const auto q = engine::build_infill_prompt(r, InfillOrder::Spm, 200, tok);
+  EXPECT_EQ(q.extra_kept, 1);
+  std::vector<uint32_t> with_extra(q.ids.begin(), q.ids.end());
+  EXPECT_EQ(std::count(with_extra.begin(), with_extra.end(), 18u), 2);
+  EXPECT_EQ(tok.decode(with_extra, /*render_specials=*/true),
+            "<|bos|><|file_sep|>a.h\nint a();\n<|file_sep|>m.cpp\n<|fim_prefix|><|fim_suffix|>\n}\n<|fim_middle|>int "
+            "main() {\n  return ");
 }
 
 }  // namespace

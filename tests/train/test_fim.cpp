@@ -120,6 +120,210 @@ TEST(Fim, EveryExampleOfEveryOrderUnpermutesToTheOriginalCharacters) {
   EXPECT_THROW(data::fim_example(tokenizer(), doc, 0, chars.size() + 1, data::FimOrder::Psm), Error);
 }
 
+// The ids of the tokenizer's context-graph markers and file separator.
+struct GraphIds {
+  uint32_t callers, target, callees, file, sep;
+};
+GraphIds graph_ids() {
+  const auto& t = tokenizer();
+  return {t.special_id("<|callers|>"), t.special_id("<|target|>"), t.special_id("<|callees|>"),
+          t.special_id("<|file|>"), t.special_id("<|file_sep|>")};
+}
+
+// Token sequences written piece by piece.
+struct Ids {
+  std::vector<uint32_t> v;
+  Ids& id(uint32_t x) {
+    v.push_back(x);
+    return *this;
+  }
+  Ids& text(const std::string& s) {
+    for (uint32_t x : encode(s)) v.push_back(x);
+    return *this;
+  }
+};
+
+// A context-graph document's text (data/graph_docs.h; its <|bos|> and <|eos|> are the transform's to keep): a
+// caller, the target and two callees, one of them in a file whose name holds a colon of its own.
+const std::string kCaller = "src/main.cc:3\nint main() { return twice(2); }\n";
+const std::string kTarget = "src/util.cc:10\nint twice(int x) { return add(x, x); }\n";
+const std::string kCallee1 = "src/util.cc:5\nint add(int a, int b) { return a + b; }\n";
+const std::string kCallee2 = "lib/a:b.h:7\ninline int one() { return 1; }\n";
+std::vector<uint32_t> graph_document() {
+  const GraphIds g = graph_ids();
+  return Ids()
+      .id(g.callers)
+      .id(g.file)
+      .text(kCaller)
+      .id(g.target)
+      .id(g.file)
+      .text(kTarget)
+      .id(g.callees)
+      .id(g.file)
+      .text(kCallee1)
+      .id(g.file)
+      .text(kCallee2)
+      .v;
+}
+
+TEST(Fim, AContextGraphBecomesTheInfillPromptsRepositoryLayoutTokenByToken) {
+  const auto doc = graph_document();
+  const GraphIds g = graph_ids();
+  const Sentinels s = sentinels();
+  // The target's definition "int twice(int x) { return add(x, x); }\n" is 39 characters; cut before "return"
+  // (character 19) and after "add(x, x);" (character 36).
+  ASSERT_EQ(data::fim_target_characters(tokenizer(), doc), std::optional<size_t>(39));
+  // The other functions first, each after <|file_sep|> and its path without the line number, encoded as one text
+  // as the server encodes an input_extra chunk; then the target's path line and the sentinels.
+  const auto files = Ids()
+                         .id(g.sep)
+                         .text("src/main.cc\nint main() { return twice(2); }\n")
+                         .id(g.sep)
+                         .text("src/util.cc\nint add(int a, int b) { return a + b; }\n")
+                         .id(g.sep)
+                         .text("lib/a:b.h\ninline int one() { return 1; }\n")
+                         .id(g.sep)
+                         .text("src/util.cc\n")
+                         .v;
+  auto expect = [&](const std::vector<uint32_t>& tail) {
+    std::vector<uint32_t> v = files;
+    v.insert(v.end(), tail.begin(), tail.end());
+    return v;
+  };
+  EXPECT_EQ(
+      data::fim_repository_example(tokenizer(), doc, 19, 36, data::FimOrder::Spm),
+      expect(Ids().id(s.pre).id(s.suf).text(" }\n").id(s.mid).text("int twice(int x) { ").text("return add(x, x);").v));
+  EXPECT_EQ(
+      data::fim_repository_example(tokenizer(), doc, 19, 36, data::FimOrder::Psm),
+      expect(Ids().id(s.pre).text("int twice(int x) { ").id(s.suf).text(" }\n").id(s.mid).text("return add(x, x);").v));
+  // The same text as the server's infill prompt for this request writes it (engine/infill_prompt.h), as names.
+  EXPECT_EQ(
+      text_of(data::fim_repository_example(tokenizer(), doc, 19, 36, data::FimOrder::Spm)),
+      "<|file_sep|>src/main.cc\nint main() { return twice(2); }\n"
+      "<|file_sep|>src/util.cc\nint add(int a, int b) { return a + b; }\n"
+      "<|file_sep|>lib/a:b.h\ninline int one() { return 1; }\n"
+      "<|file_sep|>src/util.cc\n<|fim_prefix|><|fim_suffix|> }\n<|fim_middle|>int twice(int x) { return add(x, x);");
+  // Cuts outside the target's characters, and a document that is no context graph, are refused.
+  EXPECT_THROW(data::fim_repository_example(tokenizer(), doc, 0, 40, data::FimOrder::Psm), Error);
+  EXPECT_THROW(data::fim_repository_example(tokenizer(), doc, 5, 4, data::FimOrder::Psm), Error);
+  EXPECT_THROW(data::fim_repository_example(tokenizer(), encode("int x;\n"), 0, 0, data::FimOrder::Psm), Error);
+}
+
+TEST(Fim, EveryRepositoryExampleUnpermutesToTheTargetsCharacters) {
+  // A target with two-, three- and four-byte UTF-8, its characters written down by hand.
+  const std::vector<std::string> chars = {
+      "f", "(", ")", ";", " ", "/", "/", " ", "\xc3\xa9", "\xe4\xb8\xad", "\xf0\x9f\x98\x80", "\n"};
+  const GraphIds g = graph_ids();
+  const auto doc = Ids()
+                       .id(g.callers)
+                       .id(g.file)
+                       .text(kCaller)
+                       .id(g.target)
+                       .id(g.file)
+                       .text("a/t.cc:99\n" + join(chars, 0, chars.size()))
+                       .id(g.callees)
+                       .id(g.file)
+                       .text(kCallee1)
+                       .v;
+  ASSERT_EQ(data::fim_target_characters(tokenizer(), doc), std::optional<size_t>(chars.size()));
+  const std::string head =
+      "<|file_sep|>src/main.cc\nint main() { return twice(2); }\n"
+      "<|file_sep|>src/util.cc\nint add(int a, int b) { return a + b; }\n"
+      "<|file_sep|>a/t.cc\n";
+  const Sentinels s = sentinels();
+  int examples = 0;
+  for (auto order : {data::FimOrder::Psm, data::FimOrder::Spm})
+    for (size_t a = 0; a <= chars.size(); ++a)
+      for (size_t b = a; b <= chars.size(); ++b) {
+        const auto ex = data::fim_repository_example(tokenizer(), doc, a, b, order);
+        const auto pre = std::find(ex.begin(), ex.end(), s.pre);
+        ASSERT_NE(pre, ex.end());
+        EXPECT_EQ(std::count(ex.begin(), ex.end(), g.sep), 3);
+        EXPECT_EQ(text_of(std::vector<uint32_t>(ex.begin(), pre)), head);
+        const Unpermuted u = unpermute(std::vector<uint32_t>(pre, ex.end()), order);
+        const std::string where = " at cuts " + std::to_string(a) + ", " + std::to_string(b);
+        if (order == data::FimOrder::Psm) {
+          EXPECT_EQ(text_of(u.prefix), join(chars, 0, a)) << where;
+          EXPECT_EQ(text_of(u.middle), join(chars, a, b)) << where;
+        } else {
+          EXPECT_EQ(text_of(u.middle), join(chars, 0, b)) << where;
+        }
+        EXPECT_EQ(text_of(u.suffix), join(chars, b, chars.size())) << where;
+        ++examples;
+      }
+  EXPECT_EQ(examples, 2 * 13 * 14 / 2);
+}
+
+TEST(Fim, ContextGraphFragmentsCutByTheWindowAreReadAsFarAsTheyGo) {
+  const GraphIds g = graph_ids();
+  const Sentinels s = sentinels();
+  // The window starts inside the caller: its tail is a chunk of an unnamed file (its path line was in the window
+  // before), as the server writes a chunk without a file name.
+  const auto tail = Ids()
+                        .text("return twice(2); }\n")
+                        .id(g.target)
+                        .id(g.file)
+                        .text(kTarget)
+                        .id(g.callees)
+                        .id(g.file)
+                        .text(kCallee1)
+                        .v;
+  EXPECT_EQ(data::fim_repository_example(tokenizer(), tail, 0, 39, data::FimOrder::Psm),
+            Ids()
+                .id(g.sep)
+                .text("\nreturn twice(2); }\n")
+                .id(g.sep)
+                .text("src/util.cc\nint add(int a, int b) { return a + b; }\n")
+                .id(g.sep)
+                .text("src/util.cc\n")
+                .id(s.pre)
+                .id(s.suf)
+                .id(s.mid)
+                .text("int twice(int x) { return add(x, x); }\n")
+                .v);
+  // The window ends inside a callee's path line: that callee is left out (its path would be wrong). It ends inside
+  // the target's definition: the target is the text that is there.
+  const auto cut_path = Ids()
+                            .id(g.callers)
+                            .id(g.file)
+                            .text(kCaller)
+                            .id(g.target)
+                            .id(g.file)
+                            .text(kTarget)
+                            .id(g.callees)
+                            .id(g.file)
+                            .text("src/ut")
+                            .v;
+  EXPECT_EQ(text_of(data::fim_repository_example(tokenizer(), cut_path, 39, 39, data::FimOrder::Psm)),
+            "<|file_sep|>src/main.cc\nint main() { return twice(2); }\n<|file_sep|>src/util.cc\n"
+            "<|fim_prefix|>int twice(int x) { return add(x, x); }\n<|fim_suffix|><|fim_middle|>");
+  const auto cut_target =
+      Ids().id(g.callers).id(g.file).text(kCaller).id(g.target).id(g.file).text("src/util.cc:10\nint tw").v;
+  EXPECT_EQ(data::fim_target_characters(tokenizer(), cut_target), std::optional<size_t>(6));
+  // Without the target's whole path line, or without its marker, a fragment is no repository example: plain FIM.
+  const auto no_path = Ids().id(g.callers).id(g.file).text(kCaller).id(g.target).id(g.file).text("src/util.c").v;
+  const auto no_target = Ids().text("x, x); }\n").id(g.callees).id(g.file).text(kCallee1).v;
+  for (const auto& frag : {no_path, no_target}) {
+    EXPECT_EQ(data::fim_target_characters(tokenizer(), frag), std::nullopt) << text_of(frag);
+    EXPECT_THROW(data::fim_repository_example(tokenizer(), frag, 0, 0, data::FimOrder::Psm), Error);
+    // The transform gives it the plain layout: its markers are characters of the text, no file separator.
+    // Over 32 draws (a draw whose middle is nearly the whole fragment does not fit and is skipped).
+    const data::FimTransform fim(tokenizer(), {1.0}, 0.0, 5);
+    const std::vector<int32_t> doc_ids(frag.size(), 0);
+    int64_t transformed = 0;
+    for (uint64_t sample = 0; sample < 32; ++sample) {
+      std::vector<int64_t> row(frag.begin(), frag.end());
+      const auto st = fim.apply_row(row.data(), doc_ids.data(), static_cast<int64_t>(row.size()), 1.0, sample);
+      EXPECT_EQ(st.repository, 0);
+      EXPECT_EQ(std::count(row.begin(), row.end(), static_cast<int64_t>(g.sep)), 0);
+      if (st.transformed == 0) continue;
+      ++transformed;
+      EXPECT_EQ(row.front(), s.pre) << "PSM";
+    }
+    EXPECT_GT(transformed, 24);
+  }
+}
+
 // Documents of C++-looking code of many lengths (some shorter than a window, most longer), some with UTF-8
 // comments, as `slm data shard` stores them: <|bos|> text <|eos|>.
 std::string write_code_shard(const std::string& dir, int docs, uint64_t seed) {
@@ -155,8 +359,69 @@ struct FimWindows : ::testing::Test {
   std::string dir, shard;
 };
 
+// Context-graph documents as graph_docs.h lays them out: <|bos|> <|callers|> (<|file|> piece)* <|target|> <|file|>
+// piece <|callees|> (<|file|> piece)* <|eos|>, with 0-3 callers and callees of one to four lines each.
+void write_graph_shard(const std::string& dir, int docs, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  ::mkdir((dir + "/cpp-graphs").c_str(), 0755);
+  data::ShardWriter w(dir + "/cpp-graphs/train-00000.slmtok", tokenizer().vocab_size(),
+                      {{"tokenizer", "slm-code-512.model"}});
+  const GraphIds g = graph_ids();
+  auto piece = [&] {
+    std::string s = "src/m" + std::to_string(rng() % 7) + ".cc:" + std::to_string(1 + rng() % 500) + "\n";
+    s += "int f" + std::to_string(rng() % 1000) + "(int a) {\n";
+    for (int l = static_cast<int>(rng() % 4); l > 0; --l) s += "  a += g" + std::to_string(rng() % 100) + "(a);\n";
+    if (rng() % 4 == 0) s += "  // caf\xc3\xa9 \xe4\xb8\xad\n";
+    return s + "  return a;\n}\n\n";
+  };
+  for (int d = 0; d < docs; ++d) {
+    Ids ids;
+    ids.id(tokenizer().bos_id()).id(g.callers);
+    for (int k = static_cast<int>(rng() % 4); k > 0; --k) ids.id(g.file).text(piece());
+    ids.id(g.target).id(g.file).text(piece()).id(g.callees);
+    for (int k = static_cast<int>(rng() % 4); k > 0; --k) ids.id(g.file).text(piece());
+    ids.id(tokenizer().eos_id());
+    w.add_document(ids.v, {"synthetic", "graph" + std::to_string(d) + ".cc", "none", "cpp-graphs"});
+  }
+  w.close();
+}
+
+// What a repository-level example of a context-graph fragment holds, read from the fragment's text with its markers
+// written as names (a reference apart from data/fim.cpp): the files before the sentinels, and the target's
+// definition, which the cuts rearrange. nullopt: the fragment lacks its target's marker or whole path line.
+struct Files {
+  std::string head, target;
+};
+std::optional<Files> reference_files(const std::string& t) {
+  const std::string target_marker = "<|target|><|file|>";
+  const size_t at = t.find(target_marker);
+  if (at == std::string::npos) return std::nullopt;
+  const size_t body = at + target_marker.size();
+  const size_t next = std::min(t.find("<|", body), t.size()), nl = t.find('\n', body);
+  if (nl == std::string::npos || nl >= next) return std::nullopt;
+  auto path = [](std::string line) {  // without a trailing ":digits"
+    const size_t colon = line.rfind(':');
+    if (colon != std::string::npos && colon + 1 < line.size() &&
+        line.find_first_not_of("0123456789", colon + 1) == std::string::npos)
+      line.resize(colon);
+    return line;
+  };
+  Files f;
+  const size_t first = t.find("<|");
+  if (first > 0) f.head += "<|file_sep|>\n" + t.substr(0, first);
+  for (size_t p = t.find("<|file|>"); p != std::string::npos; p = t.find("<|file|>", p + 1)) {
+    if (p + 8 == body) continue;  // the target
+    const size_t from = p + 8, to = std::min(t.find("<|", from), t.size()), line_end = t.find('\n', from);
+    if (line_end >= to) continue;  // its path line is cut
+    f.head += "<|file_sep|>" + path(t.substr(from, line_end - from)) + "\n" + t.substr(line_end + 1, to - line_end - 1);
+  }
+  f.head += "<|file_sep|>" + path(t.substr(body, nl - body)) + "\n";
+  f.target = t.substr(nl + 1, next - nl - 1);
+  return f;
+}
+
 struct Measured {
-  int64_t fragments = 0, fim = 0, spm = 0, windows = 0;
+  int64_t fragments = 0, fim = 0, spm = 0, windows = 0, repository = 0;
   double seconds = 0;
   data::FimStats stats;
 };
@@ -206,14 +471,25 @@ Measured transform_and_check(data::TokenLoader& l, const data::FimTransform& fim
             EXPECT_EQ(a.back(), tok.eos_id());
             --hi;
           }
-          Unpermuted u = unpermute(std::vector<uint32_t>(a.begin() + static_cast<long>(lo),
-                                                         a.begin() + static_cast<long>(hi)));
+          std::string original =
+              text_of(std::vector<uint32_t>(o.begin() + static_cast<long>(lo), o.begin() + static_cast<long>(hi)));
+          // A repository-level example: the other files and the target's path line before the sentinels, exactly
+          // as the fragment's text gives them; the cuts lie in the target's definition.
+          const auto first = std::find(a.begin() + static_cast<long>(lo), a.begin() + static_cast<long>(hi), s.pre);
+          const std::vector<uint32_t> head(a.begin() + static_cast<long>(lo), first);
+          const auto files = reference_files(original);
+          if (files) {
+            ++m.repository;
+            EXPECT_EQ(text_of(head), files->head);
+            original = files->target;
+          } else {
+            EXPECT_TRUE(head.empty()) << "a plain example starts with <|fim_prefix|>";
+          }
+          Unpermuted u = unpermute(std::vector<uint32_t>(first, a.begin() + static_cast<long>(hi)));
           if (u.spm) ++m.spm;
           std::erase(u.suffix, tok.pad_id());  // padding (when re-encoding came out shorter)
-          const std::string back = u.spm ? text_of(u.middle) + text_of(u.suffix)
-                                         : text_of(u.prefix) + text_of(u.middle) + text_of(u.suffix);
-          const std::string original =
-              text_of(std::vector<uint32_t>(o.begin() + static_cast<long>(lo), o.begin() + static_cast<long>(hi)));
+          const std::string back =
+              u.spm ? text_of(u.middle) + text_of(u.suffix) : text_of(u.prefix) + text_of(u.middle) + text_of(u.suffix);
           // Fitting drops the suffix's far end first; only a suffix used up lets the prefix lose its start.
           if (!u.suffix.empty()) {
             EXPECT_EQ(original.compare(0, back.size(), back), 0)
@@ -253,6 +529,35 @@ TEST_F(FimWindows, RateOverTenThousandWindowsIsTheSettingAndNoSplitCrossesADocum
               << 1e6 * m.seconds / static_cast<double>(m.windows) << " us per window, "
               << 1e6 * m.seconds / static_cast<double>(m.fim) << " us per FIM fragment\n";
   }
+}
+
+TEST_F(FimWindows, ContextGraphWindowsBecomeRepositoryExamplesAtTheRate) {
+  // Graph documents of 30-250 tokens in windows of 97: most are cut by the window, in every place.
+  write_graph_shard(dir, 400, 7);
+  data::LoaderOptions o;
+  o.batch_size = 16;
+  o.seq_len = 96;
+  o.seed = 3;
+  data::TokenLoader l({{"cpp-graphs", {dir + "/cpp-graphs/train-00000.slmtok"}, 1.0}}, o);
+  const double rate = 0.5, spm = 0.5;
+  const data::FimTransform fim(tokenizer(), {rate}, spm, 11);
+  const Measured m = transform_and_check(l, fim, 10000);
+  // Drawn for FIM: the rate. Windows of 97 tokens end in many fragments of a few tokens, too short to hold the three
+  // sentinels, which stay left-to-right (skipped): so the share transformed is a little lower.
+  const double drawn = static_cast<double>(m.fim + m.stats.skipped) / static_cast<double>(m.fragments);
+  const double measured = static_cast<double>(m.fim) / static_cast<double>(m.fragments);
+  EXPECT_NEAR(drawn, rate, 0.02) << m.fim << " FIM fragments and " << m.stats.skipped << " skipped of " << m.fragments;
+  EXPECT_NEAR(measured, rate, 0.035) << m.fim << " FIM fragments of " << m.fragments;
+  EXPECT_NEAR(static_cast<double>(m.stats.spm) / static_cast<double>(m.fim), spm, 0.02);
+  EXPECT_EQ(m.stats.transformed, m.fim);
+  // The reference finds a target with its path line exactly where the transform made a repository example.
+  EXPECT_EQ(m.stats.repository, m.repository);
+  EXPECT_GT(m.repository, m.fim / 4) << "most windows hold a target's path line";
+  EXPECT_LT(m.repository, m.fim) << "some fragments lack it and get plain FIM";
+  std::cout << "[fim] context graphs, rate " << rate << ": " << m.fragments << " fragments in " << m.windows
+            << " windows of 97 tokens, drawn " << drawn << ", " << m.fim << " FIM (" << measured << "), "
+            << m.repository << " repository-level, skipped " << m.stats.skipped << ", padded " << m.stats.padded
+            << "\n";
 }
 
 TEST_F(FimWindows, CostPerWindowAtTheShippedSequenceLength) {
@@ -319,7 +624,8 @@ TEST(Fim, RefusesRatesOutsideTheUnitInterval) {
   EXPECT_THROW(data::FimTransform(tokenizer(), {1.5}, 0.5, 1), Error);
   EXPECT_THROW(data::FimTransform(tokenizer(), {0.5}, -0.1, 1), Error);
   const auto defaults = data::fim_default_domains();
-  EXPECT_EQ(defaults, (std::vector<std::string>{"cpp", "cmake", "shell", "algorithm", "debug", "review"}));
+  EXPECT_EQ(defaults,
+            (std::vector<std::string>{"cpp", "cpp-graphs", "cmake", "shell", "algorithm", "debug", "review"}));
 }
 
 // The trainer: FIM on the code domains by default, resume-exact, and refused without the shards' tokenizer.

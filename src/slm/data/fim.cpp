@@ -1,6 +1,7 @@
 #include "slm/data/fim.h"
 
 #include <algorithm>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -10,7 +11,7 @@
 namespace slm::data {
 
 const std::vector<std::string>& fim_default_domains() {
-  static const std::vector<std::string> d = {"cpp", "cmake", "shell", "algorithm", "debug", "review"};
+  static const std::vector<std::string> d = {"cpp", "cpp-graphs", "cmake", "shell", "algorithm", "debug", "review"};
   return d;
 }
 
@@ -20,6 +21,7 @@ FimStats& FimStats::operator+=(const FimStats& o) {
   spm += o.spm;
   skipped += o.skipped;
   padded += o.padded;
+  repository += o.repository;
   return *this;
 }
 
@@ -58,6 +60,25 @@ struct Text {
   std::vector<Cut> cuts;
 };
 
+// Fills t.cuts from t.bytes and t.specials.
+void index_characters(Text& t) {
+  const auto* p = reinterpret_cast<const unsigned char*>(t.bytes.data());
+  const size_t n = t.bytes.size(), ns = t.specials.size();
+  size_t byte = 0, s = 0;
+  t.cuts.reserve(n + ns + 1);
+  t.cuts.push_back({0, 0});
+  while (byte < n || s < ns) {
+    if (s < ns && t.specials[s].first == byte) {
+      ++s;
+    } else {
+      // A character never reaches over a control token: bytes of a code point split by one count one by one.
+      const size_t limit = s < ns ? t.specials[s].first : n;
+      byte += char_length(p + byte, limit - byte);
+    }
+    t.cuts.push_back({byte, s});
+  }
+}
+
 Text decode_text(const Tokenizer& tok, std::span<const uint32_t> ids) {
   Text t;
   std::vector<uint32_t> run;
@@ -74,21 +95,15 @@ Text decode_text(const Tokenizer& tok, std::span<const uint32_t> ids) {
     }
   }
   flush();
-  const auto* p = reinterpret_cast<const unsigned char*>(t.bytes.data());
-  const size_t n = t.bytes.size(), ns = t.specials.size();
-  size_t byte = 0, s = 0;
-  t.cuts.reserve(n + ns + 1);
-  t.cuts.push_back({0, 0});
-  while (byte < n || s < ns) {
-    if (s < ns && t.specials[s].first == byte) {
-      ++s;
-    } else {
-      // A character never reaches over a control token: bytes of a code point split by one count one by one.
-      const size_t limit = s < ns ? t.specials[s].first : n;
-      byte += char_length(p + byte, limit - byte);
-    }
-    t.cuts.push_back({byte, s});
-  }
+  index_characters(t);
+  return t;
+}
+
+// A text without control tokens as characters.
+Text plain_text(std::string bytes) {
+  Text t;
+  t.bytes = std::move(bytes);
+  index_characters(t);
   return t;
 }
 
@@ -139,6 +154,82 @@ void layout(const Parts& p, FimOrder order, uint32_t pre, uint32_t suf, uint32_t
   }
 }
 
+// The ids repository-level examples need; ok is false when the tokenizer lacks one of them.
+struct GraphIds {
+  uint32_t callers = 0, target = 0, callees = 0, file = 0, file_sep = 0;
+  bool ok = false;
+};
+
+GraphIds graph_ids(const Tokenizer& tok) {
+  GraphIds g;
+  try {
+    g = {tok.special_id("<|callers|>"), tok.special_id("<|target|>"),   tok.special_id("<|callees|>"),
+         tok.special_id("<|file|>"),    tok.special_id("<|file_sep|>"), true};
+  } catch (const Error&) {
+    g.ok = false;  // a tokenizer of our own making always has them; another one gets plain FIM only
+  }
+  return g;
+}
+
+// A context-graph fragment read as files: the other files and the target's path line as they come before the
+// sentinels, and the target's definition, the text the cuts are drawn in.
+struct Repository {
+  std::vector<uint32_t> head;
+  Text target;
+};
+
+// "path:line" less ":line" (a path may hold colons of its own; only a trailing run of digits is a line number).
+std::string_view path_of(std::string_view line) {
+  const size_t colon = line.rfind(':');
+  if (colon == std::string_view::npos || colon + 1 == line.size()) return line;
+  for (size_t i = colon + 1; i < line.size(); ++i)
+    if (line[i] < '0' || line[i] > '9') return line;
+  return line.substr(0, colon);
+}
+
+// nullopt: not a context-graph fragment with its target's marker and whole path line (fim.h says what happens then).
+std::optional<Repository> read_repository(const Tokenizer& tok, const GraphIds& g, const Text& t) {
+  const auto& sp = t.specials;
+  std::optional<size_t> target;  // index in sp of the target's <|file|>
+  for (size_t k = 0; k < sp.size(); ++k) {
+    const uint32_t id = sp[k].second;
+    if (id != g.callers && id != g.target && id != g.callees && id != g.file) return std::nullopt;  // not a graph
+    if (!target && id == g.target && k + 1 < sp.size() && sp[k + 1].second == g.file && sp[k + 1].first == sp[k].first)
+      target = k + 1;
+  }
+  if (!target) return std::nullopt;
+  const std::string_view bytes(t.bytes);
+  auto piece = [&](size_t k) {  // the text after the marker sp[k], up to the next marker or the fragment's end
+    const size_t end = k + 1 < sp.size() ? sp[k + 1].first : bytes.size();
+    return bytes.substr(sp[k].first, end - sp[k].first);
+  };
+  const std::string_view target_piece = piece(*target);
+  const size_t target_nl = target_piece.find('\n');
+  if (target_nl == std::string_view::npos) return std::nullopt;
+  Repository r;
+  auto put = [&](std::string_view path, std::string_view text) {
+    r.head.push_back(g.file_sep);
+    std::string chunk(path);
+    chunk += '\n';
+    chunk += text;
+    const auto ids = tok.encode(chunk);
+    r.head.insert(r.head.end(), ids.begin(), ids.end());
+  };
+  if (sp.front().first > 0) put("", bytes.substr(0, sp.front().first));  // a caller's tail (sp holds the target)
+  for (size_t k = 0; k < sp.size(); ++k) {
+    if (sp[k].second != g.file || k == *target) continue;
+    const std::string_view p = piece(k);
+    const size_t nl = p.find('\n');
+    if (nl == std::string_view::npos) continue;  // the window cut its path line: left out
+    put(path_of(p.substr(0, nl)), p.substr(nl + 1));
+  }
+  r.head.push_back(g.file_sep);
+  const auto path = tok.encode(std::string(path_of(target_piece.substr(0, target_nl))) + "\n");
+  r.head.insert(r.head.end(), path.begin(), path.end());
+  r.target = plain_text(std::string(target_piece.substr(target_nl + 1)));
+  return r;
+}
+
 // Distinct streams of one fragment's key.
 constexpr uint64_t kDrawFim = 0x243f6a8885a308d3ULL, kDrawOrder = 0x13198a2e03707344ULL,
                    kDrawA = 0xa4093822299f31d0ULL, kDrawB = 0x082efa98ec4e6c89ULL;
@@ -161,6 +252,29 @@ std::vector<uint32_t> fim_example(const Tokenizer& tok, std::span<const uint32_t
   return out;
 }
 
+std::optional<size_t> fim_target_characters(const Tokenizer& tok, std::span<const uint32_t> text) {
+  const GraphIds g = graph_ids(tok);
+  if (!g.ok) return std::nullopt;
+  const auto r = read_repository(tok, g, decode_text(tok, text));
+  if (!r) return std::nullopt;
+  return r->target.cuts.size() - 1;
+}
+
+std::vector<uint32_t> fim_repository_example(const Tokenizer& tok, std::span<const uint32_t> text, size_t a, size_t b,
+                                             FimOrder order) {
+  const GraphIds g = graph_ids(tok);
+  const auto r = g.ok ? read_repository(tok, g, decode_text(tok, text)) : std::nullopt;
+  if (!r) throw Error("fim_repository_example: the text is not a context-graph fragment with its target's path line");
+  const Text& t = r->target;
+  if (a > b || b >= t.cuts.size())
+    throw Error("fim_repository_example: cuts " + std::to_string(a) + ", " + std::to_string(b) +
+                " do not lie in order in a target of " + std::to_string(t.cuts.size() - 1) + " characters");
+  std::vector<uint32_t> out = r->head;
+  layout(split(tok, t, a, b), order, tok.special_id("<|fim_prefix|>"), tok.special_id("<|fim_suffix|>"),
+         tok.special_id("<|fim_middle|>"), out);
+  return out;
+}
+
 FimTransform::FimTransform(const Tokenizer& tok, std::vector<double> rates, double spm_rate, uint64_t seed)
     : tok_(tok), rates_(std::move(rates)), spm_rate_(spm_rate), seed_(seed) {
   for (double r : rates_)
@@ -174,6 +288,7 @@ FimTransform::FimTransform(const Tokenizer& tok, std::vector<double> rates, doub
     throw Error(std::string(e.what()) + ": fill-in-the-middle needs a tokenizer with <|fim_prefix|>, <|fim_suffix|> "
                 "and <|fim_middle|> (tokenizer/README.md)");
   }
+  repository_ = graph_ids(tok).ok;
 }
 
 FimStats FimTransform::apply(Batch& batch, int64_t row0, int64_t rows) const {
@@ -220,7 +335,11 @@ FimStats FimTransform::apply_row(int64_t* tokens, const int32_t* doc_ids, int64_
           throw Error("FIM: token id " + std::to_string(tokens[i]) + " is not a token");
         ids[static_cast<size_t>(i - lo)] = static_cast<uint32_t>(tokens[i]);
       }
-      const Text text = decode_text(tok_, ids);
+      const Text whole = decode_text(tok_, ids);
+      // A context-graph fragment: the other files and the target's path line first, the cuts in the target alone.
+      std::optional<Repository> repo = repository_ ? read_repository(tok_, graph_ids(tok_), whole) : std::nullopt;
+      const Text& text = repo ? repo->target : whole;
+      const std::vector<uint32_t> head = repo ? std::move(repo->head) : std::vector<uint32_t>{};
       const uint64_t chars = text.cuts.size() - 1;
       size_t a = static_cast<size_t>(mix64(key ^ kDrawA) % (chars + 1));
       size_t b = static_cast<size_t>(mix64(key ^ kDrawB) % (chars + 1));
@@ -228,7 +347,7 @@ FimStats FimTransform::apply_row(int64_t* tokens, const int32_t* doc_ids, int64_
       const FimOrder order = unit_interval(key ^ kDrawOrder) < spm_rate_ ? FimOrder::Spm : FimOrder::Psm;
       Parts p = split(tok_, text, a, b);
       const int64_t room = hi - lo;
-      int64_t over = static_cast<int64_t>(p.prefix.size() + p.middle.size() + p.suffix.size()) + 3 - room;
+      int64_t over = static_cast<int64_t>(head.size() + p.prefix.size() + p.middle.size() + p.suffix.size()) + 3 - room;
       // Too long: the far end of the suffix goes first, then the far end (the start) of the prefix.
       int64_t cut = std::min<int64_t>(std::max<int64_t>(over, 0), static_cast<int64_t>(p.suffix.size()));
       p.suffix.resize(p.suffix.size() - static_cast<size_t>(cut));
@@ -245,9 +364,11 @@ FimStats FimTransform::apply_row(int64_t* tokens, const int32_t* doc_ids, int64_
         }
         std::vector<uint32_t> out;
         out.reserve(static_cast<size_t>(room));
+        out.insert(out.end(), head.begin(), head.end());
         layout(p, order, prefix_, suffix_, middle_, out);
         for (int64_t i = 0; i < room; ++i) tokens[lo + i] = out[static_cast<size_t>(i)];
         ++st.transformed;
+        if (repo) ++st.repository;
         if (order == FimOrder::Spm) ++st.spm;
       }
     }

@@ -25,9 +25,38 @@
 // end of the suffix. The window's length and its document ids stay exactly as they were, so attention masks and the
 // recurrent-state resets (model/documents.h) stay right.
 //
+// Repository-level examples. A fragment of a context-graph document (data/graph_docs.h: <|callers|> (<|file|> piece)*
+// <|target|> <|file|> piece <|callees|> (<|file|> piece)*, a piece being "path:line\n" + a definition + "\n") that
+// holds its target's <|target|> <|file|> and the target's whole path line becomes the layout the server's infill
+// prompt gives an editor's request with input_extra (engine/infill_prompt.h), the document's other functions as the
+// other files:
+//
+//   PSM:  <|bos|>? F <|fim_prefix|> P <|fim_suffix|> S <|fim_middle|> M <|eos|>?
+//   SPM:  <|bos|>? F <|fim_prefix|> <|fim_suffix|> S <|fim_middle|> P M <|eos|>?
+//   F:    (<|file_sep|> path\n text)* <|file_sep|> target_path\n
+//
+// Each chunk is a piece other than the target, in document order (callers, then callees), encoded as one text
+// ("path\n" + its definition + "\n") as the server encodes an input_extra chunk; a path is the piece's path line
+// less its ":line" (editors send file names, and the layouts must agree). P, M and S are the target's definition
+// (its piece after the path line), cut at two characters drawn inside it alone. The markers cost what they did (the
+// three section markers become the three sentinels, each <|file|> a <|file_sep|>); the line numbers left out
+// usually leave a few tokens that <|pad|> fills, and the fitting above applies unchanged (the suffix's far end,
+// then the prefix's start).
+// Windows cut graph documents anywhere; a fragment is read as far as it goes:
+//  - without its target's marker and whole path line (the window starts after it or ends inside it), a fragment
+//    gets the plain FIM above, its markers kept as characters;
+//  - text before the fragment's first marker (the window starts inside a caller, whose path line was in the previous
+//    window) is a chunk with an empty path, as the server writes a chunk of an unnamed file;
+//  - a last piece whose path line the window cuts is left out (a path cut short would be a wrong path; <|pad|> fills
+//    its room); a target or chunk cut short by the window's end is kept as far as it goes.
+// This is part of the transform rather than a step of its own because it needs what the transform has: windows
+// already cut (a step before the loader would change its token stream and its resume), the same per-fragment draws
+// (the rate, the order and the cuts mean the same for every document), and the same fitting to the fragment's length.
+//
 // Every draw comes from a hash of (seed, the loader's global sample index, the fragment's index in the window):
 // the same windows get the same examples in a resumed run, on any number of ranks, for any batch size.
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -37,8 +66,8 @@
 
 namespace slm::data {
 
-// The domains FIM is on for by default (code, and text about code that is edited in place): the rest stay
-// left-to-right only.
+// The domains FIM is on for by default (code, context-graph documents of code (corpus_graphs.h), and text about code
+// that is edited in place): the rest stay left-to-right only.
 const std::vector<std::string>& fim_default_domains();
 
 enum class FimOrder { Psm, Spm };
@@ -51,12 +80,24 @@ size_t fim_characters(const Tokenizer& tok, std::span<const uint32_t> text);
 std::vector<uint32_t> fim_example(const Tokenizer& tok, std::span<const uint32_t> text, size_t a, size_t b,
                                   FimOrder order);
 
+// Characters of the target's definition in a context-graph fragment (the split positions run over [0, this]);
+// nullopt when the fragment holds no target with its whole path line (it gets plain FIM) or the tokenizer lacks
+// the graph markers or <|file_sep|>.
+std::optional<size_t> fim_target_characters(const Tokenizer& tok, std::span<const uint32_t> text);
+
+// The repository-level example of a context-graph fragment's text (tokens without <|bos|>/<|eos|>), its target's
+// definition cut before characters a and b, not fitted to any length. Throws slm::Error when the fragment has no
+// target with its path line or the cuts do not lie in order in it.
+std::vector<uint32_t> fim_repository_example(const Tokenizer& tok, std::span<const uint32_t> text, size_t a, size_t b,
+                                             FimOrder order);
+
 struct FimStats {
   int64_t fragments = 0;    // document fragments seen in sources with a FIM rate > 0
   int64_t transformed = 0;  // of them, turned into FIM examples
   int64_t spm = 0;          // of those, in SPM order
   int64_t skipped = 0;      // drawn for FIM but too short to fit (left as they were)
   int64_t padded = 0;       // transformed and padded with <|pad|> to their length
+  int64_t repository = 0;   // transformed in the repository-level layout (context-graph fragments)
   FimStats& operator+=(const FimStats& o);
 };
 
@@ -78,6 +119,7 @@ class FimTransform {
  private:
   const Tokenizer& tok_;
   uint32_t prefix_ = 0, suffix_ = 0, middle_ = 0;  // the sentinels' ids
+  bool repository_ = false;                        // the tokenizer has the graph markers and <|file_sep|>
   std::vector<double> rates_;
   double spm_rate_;
   uint64_t seed_;

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
+#include <utility>
 
 #include "slm/data/bpe_encoder.h"
 #include "slm/data/hashing.h"
@@ -26,8 +27,12 @@ const std::vector<std::string>& tokenizer_control_symbols() {
         // context graphs: <|callers|> ... <|target|> ... <|callees|> ...; <|file|> path headers
         "<|callers|>", "<|target|>", "<|callees|>", "<|file|>",
         // routing label of a request (the router's data)
-        "<|domain|>"};
-    for (int i = 0; i < 8; ++i) s.push_back("<|reserved_" + std::to_string(i) + "|>");
+        "<|domain|>",
+        // repository-level layout (data/fim.h, engine/infill_prompt.h): <|file_sep|> path\n text per file;
+        // <|repo_name|> name\n before them (Qwen2.5-Coder's layout; not used yet). They were <|reserved_0|> and
+        // <|reserved_1|>: Tokenizer::from_serialized gives older models these names at the same ids.
+        "<|file_sep|>", "<|repo_name|>"};
+    for (int i = 2; i < 8; ++i) s.push_back("<|reserved_" + std::to_string(i) + "|>");
     return s;
   }();
   return symbols;
@@ -57,6 +62,12 @@ size_t utf8_len(const unsigned char* p, size_t n) {
 }
 
 const std::string kSpaceMarker = "\xe2\x96\x81";  // U+2581
+
+// Reserved control symbols that later got a use, (old name, new name): a model trained before the rename has the
+// old piece at the id the new one has in tokenizer_control_symbols(), so it takes the new name and every shipped
+// model and checkpoint keeps its ids (the vocabularies are full; growing them would change every model's shape).
+constexpr std::pair<const char*, const char*> kRenamedControls[] = {{"<|reserved_0|>", "<|file_sep|>"},
+                                                                    {"<|reserved_1|>", "<|repo_name|>"}};
 
 }  // namespace
 
@@ -90,6 +101,7 @@ Tokenizer Tokenizer::from_serialized(const std::string& model_bytes, const std::
       t.byte_id_[b] = static_cast<uint32_t>(id);
     } else if (t.sp_->IsControl(id) || t.sp_->IsUnknown(id) || t.sp_->IsUnused(id)) {
       t.special_[id] = true;
+      t.special_names_.emplace(static_cast<uint32_t>(id), piece);
     } else {
       std::string out;
       for (size_t i = 0; i < piece.size();) {
@@ -99,6 +111,15 @@ Tokenizer Tokenizer::from_serialized(const std::string& model_bytes, const std::
       t.bytes_[id] = std::move(out);
     }
   }
+  for (const auto& [old_name, new_name] : kRenamedControls) {
+    const int id = t.sp_->PieceToId(old_name);
+    // Only a control piece of that exact name, and only when the model has no piece of the new name already.
+    if (id < 0 || !t.sp_->IsControl(id) || t.sp_->IdToPiece(id) != old_name) continue;
+    const int existing = t.sp_->PieceToId(new_name);
+    if (existing >= 0 && t.sp_->IdToPiece(existing) == new_name) continue;
+    t.special_names_[static_cast<uint32_t>(id)] = new_name;
+  }
+  for (const auto& [id, special] : t.special_names_) t.special_by_name_.emplace(special, id);
   for (int b = 0; b < 256; ++b)
     if (t.byte_id_[b] == UINT32_MAX) throw Error(name + ": tokenizer model lacks byte fallback (no <0xNN> pieces)");
   if (t.sp_->bos_id() < 0 || t.sp_->eos_id() < 0 || t.sp_->pad_id() < 0)
@@ -161,7 +182,7 @@ std::string Tokenizer::decode(const std::vector<uint32_t>& ids, bool render_spec
       throw Error(name_ + ": token id " + std::to_string(id) + " is outside the vocabulary of " +
                   std::to_string(bytes_.size()));
     if (special_[id]) {
-      if (render_specials) out += sp_->IdToPiece(static_cast<int>(id));
+      if (render_specials) out += special_names_.at(id);
     } else {
       out += bytes_[id];
     }
@@ -170,13 +191,14 @@ std::string Tokenizer::decode(const std::vector<uint32_t>& ids, bool render_spec
 }
 
 uint32_t Tokenizer::special_id(const std::string& name) const {
-  const int id = sp_->PieceToId(name);
-  if (id < 0 || !special_[id] || sp_->IdToPiece(id) != name) throw Error(name_ + ": no special token " + name);
-  return static_cast<uint32_t>(id);
+  const auto it = special_by_name_.find(name);
+  if (it == special_by_name_.end()) throw Error(name_ + ": no special token " + name);
+  return it->second;
 }
 
 const std::string& Tokenizer::piece(uint32_t id) const {
   if (id >= bytes_.size()) throw Error(name_ + ": token id " + std::to_string(id) + " out of range");
+  if (special_[id]) return special_names_.at(id);
   return sp_->IdToPiece(static_cast<int>(id));
 }
 

@@ -8,11 +8,13 @@
 // model train_tokenizer makes does): the same ids as sentencepiece, 20-40x faster (bench/RESULTS.md).
 //
 // Special tokens are sentencepiece control symbols: they are never produced from text (a literal "<|user|>" in
-// a file encodes as ordinary pieces) and decode to nothing unless asked to render them.
+// a file encodes as ordinary pieces) and decode to nothing unless asked to render them. A model made before a
+// reserved symbol got its use knows it by its new name (<|reserved_0|> is <|file_sep|>, see tokenizer.cpp).
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "slm/util/progress.h"
@@ -47,9 +49,11 @@ class Tokenizer {
   uint32_t pad_id() const { return pad_; }
   uint32_t bos_id() const { return bos_; }
   uint32_t eos_id() const { return eos_; }
-  // Id of a special token by name ("<|fim_prefix|>"); throws when the model lacks it.
+  // Id of a special token by name ("<|fim_prefix|>"; renamed reserved symbols by their new names only); throws
+  // when the model lacks it.
   uint32_t special_id(const std::string& name) const;
   bool is_special(uint32_t id) const { return id < special_.size() && special_[id]; }
+  // The model's piece of an id; a special's name (as special_id and decode with render_specials know it).
   const std::string& piece(uint32_t id) const;
   const std::string& name() const { return name_; }
 
@@ -61,6 +65,8 @@ class Tokenizer {
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   std::vector<std::string> bytes_;  // per id: the exact bytes it decodes to
   std::vector<bool> special_;
+  std::unordered_map<uint32_t, std::string> special_names_;  // per special id: its name (after the renames)
+  std::unordered_map<std::string, uint32_t> special_by_name_;
   uint32_t byte_id_[256] = {};
   uint32_t pad_ = 0, bos_ = 0, eos_ = 0;
   std::unique_ptr<BpeEncoder> fast_;  // null when the model needs sentencepiece's own encoder
