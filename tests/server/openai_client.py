@@ -3,9 +3,11 @@
 
 Usage: openai_client.py SLM_BINARY SOURCE_DIR
 Starts `slm serve` on a free port with the tiny recipe (random weights) and checks chat, completions, streaming,
-the models list and an error. Fails (exit 1) naming scripts/test-deps.sh when the openai package is missing.
+the models list, a completion with a suffix (fill in the middle) and an error. Fails (exit 1) naming scripts/test-deps.sh when the openai package is missing.
 """
+import json
 import sys
+import urllib.request
 
 from slm_serve import SlmServe, require, tiny_model_args
 
@@ -39,6 +41,22 @@ def main():
 
         completion = client.completions.create(model="tiny-hybrid", prompt="int main() {", max_tokens=6, seed=3)
         assert completion.choices[0].text is not None and completion.usage.completion_tokens >= 1
+
+        # Fill in the middle: prompt before the cursor, suffix after (the legacy API's `suffix`). The prompt the server
+        # builds is SPM order (docs/serving.md): <|bos|> <|fim_prefix|> <|fim_suffix|> suffix <|fim_middle|> prompt,
+        # so its length is the two texts' token counts (from /tokenize) plus four control tokens.
+        fill = client.completions.create(model="tiny-hybrid", prompt="int main() {\n  return ", suffix=";\n}\n",
+                                         max_tokens=4, temperature=0)
+        assert isinstance(fill.choices[0].text, str) and fill.choices[0].finish_reason in ("stop", "length")
+
+        def n_tokens(text):
+            req = urllib.request.Request(f"http://127.0.0.1:{port}/tokenize", data=json.dumps({"content": text}).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                return len(json.load(r)["tokens"])
+
+        expected = 4 + n_tokens(";\n}\n") + n_tokens("int main() {\n  return ")
+        assert fill.usage.prompt_tokens == expected, (fill.usage.prompt_tokens, expected)
 
         try:
             client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}], max_tokens=2)

@@ -200,8 +200,8 @@ TEST(MetricsText, CountersHistogramsAndGaugesForAKnownHistory) {
   EXPECT_EQ(before_memory(m.render(engines)), expected);
 }
 
-// Label values come from outside: the server records the (URL-decoded) path of a request refused for its API key, so
-// a client controls it. Prometheus's text format escapes backslash, double quote and line feed in label values; left
+// Label values may come from outside (specialist names from a manifest; paths, though the server names any path it
+// does not serve "other"). Prometheus's text format escapes backslash, double quote and line feed in label values; left
 // raw, a path like `/"} 1\nfake 1` would end the sample early and add lines of the client's choosing.
 TEST(MetricsText, LabelValuesAreEscaped) {
   Metrics m;

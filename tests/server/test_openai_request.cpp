@@ -307,7 +307,12 @@ TEST(OpenAIRequest, FeaturesTheServerLacksAreRefusedOnlyWhenAskedFor) {
     expect_unsupported(body({{"functions", {{{"name", "f"}}}}}), chat, "functions");
     expect_unsupported(body({{"best_of", 2}}), chat, "best_of");
     EXPECT_NO_THROW(parse_generation_request(body({{"best_of", 1}}).dump(), chat));
-    expect_unsupported(body({{"suffix", "}"}}), chat, "suffix");
+    if (chat) {
+      expect_unsupported(body({{"suffix", "}"}}), chat, "suffix");
+    } else {  // completions fill in the middle (docs/serving.md)
+      EXPECT_EQ(parse_generation_request(body({{"suffix", "}"}}).dump(), chat).suffix, std::optional<std::string>("}"));
+      EXPECT_THROW(parse_generation_request(body({{"suffix", 3}}).dump(), chat), ApiError);
+    }
     expect_unsupported(body({{"top_logprobs", 3}}), chat, "top_logprobs");
     expect_unsupported(body({{"response_format", {{"type", "json_object"}}}}), chat, "response_format");
     expect_unsupported(body({{"response_format", "text"}}), chat, "response_format");

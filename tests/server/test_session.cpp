@@ -318,3 +318,58 @@ TEST(Session, ASpecialistsEngineAndTokenizer) {
 
 }  // namespace
 }  // namespace slm::server
+
+namespace slm::server {
+namespace {
+
+TEST(Session, TheStopStringThatEndedItIsNamed) {
+  FakeEngine e;
+  Session s(e, test::code512(), request(), {"zz", "END", "NDx"});
+  e.text("abENDx");  // one byte a token: "END" is complete (and ends the text) before "NDx" could be
+  e.done(Finish::kCancelled, 5, 6);
+  bool done = false;
+  EXPECT_EQ(take(s, done), "ab");
+  EXPECT_EQ(s.result().stop_word, "END");
+  EXPECT_FALSE(s.result().text_limit);
+}
+
+// A TextLimit sees the text so far and where the newest token's text starts; the length it keeps never takes back
+// text already handed out.
+TEST(Session, ATextLimitEndsTheTextWhereItSays) {
+  std::vector<std::pair<std::string, size_t>> seen;
+  TextLimit cut_at_bang = [&](const std::string& text, size_t new_from, double) -> std::optional<size_t> {
+    seen.emplace_back(text, new_from);
+    const size_t at = text.find('!');
+    return at == std::string::npos ? std::nullopt : std::optional<size_t>(at);
+  };
+  FakeEngine e;
+  Session s(e, test::code512(), request(), {}, cut_at_bang);
+  e.text("ab");
+  e.text("!c");
+  EXPECT_EQ(e.cancelled(), std::vector<engine::RequestId>({kId}));
+  e.text("d");  // after the cut: dropped
+  e.done(Finish::kCancelled, 5, 5);
+  bool done = false;
+  EXPECT_EQ(take(s, done), "ab");
+  EXPECT_TRUE(done);
+  EXPECT_EQ(s.result().finish_reason, "stop");
+  EXPECT_TRUE(s.result().text_limit);
+  EXPECT_EQ(seen, (std::vector<std::pair<std::string, size_t>>{{"a", 0}, {"ab", 1}, {"ab!", 2}}));
+
+  // Text taken before the limit fires stays taken: a cut inside it is raised to its end.
+  TextLimit keep_one = [](const std::string& text, size_t, double) -> std::optional<size_t> {
+    return text.size() >= 3 ? std::optional<size_t>(1) : std::nullopt;
+  };
+  FakeEngine f;
+  Session t(f, test::code512(), request(), {}, keep_one);
+  f.text("ab");
+  EXPECT_EQ(take(t), "ab");
+  f.text("c");
+  f.done(Finish::kCancelled, 5, 3);
+  EXPECT_EQ(take(t, done), "");
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(t.result().text_limit);
+}
+
+}  // namespace
+}  // namespace slm::server

@@ -12,14 +12,19 @@
 #include <cerrno>
 #include <csignal>
 #include <ctime>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "slm/server/llama_api.h"
 #include "slm/server/metrics.h"
+#include "slm/server/ollama_api.h"
 #include "slm/server/openai.h"
+#include "slm/server/openai_format.h"
 #include "slm/server/prepare.h"
+#include "slm/server/response_format.h"
 #include "slm/server/session.h"
 #include "slm/server/web_page.h"
 #include "slm/util/error.h"
@@ -72,21 +77,13 @@ bool client_gone(int sock) {
   return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
-// Generated text may hold invalid UTF-8 (a byte-fallback id on its own): replaced by U+FFFD rather than failing.
 std::string dump(const Json& j) {
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return dump_json(j);
 }
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void send_error(httplib::Response& res, const ApiError& e, const ErrorBody& body = openai_error_body) {
   res.status = e.status();
-  res.set_content(dump(e.to_json()), "application/json");
-}
-
-// The method each endpoint answers, for the 405 that another method gets (with Allow).
-const char* allowed_method(const std::string& path) {
-  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
-  if (path == "/v1/models" || path == "/health" || path == "/metrics" || path == "/") return "GET";
-  return nullptr;
+  res.set_content(dump(body(e)), "application/json");
 }
 
 // Methods whose body cpp-httplib reads before it routes the request.
@@ -174,16 +171,17 @@ struct Server::Impl {
                     "application/json");
   }
 
-  void generate(const httplib::Request& req, const std::string& body, httplib::Response& res, bool chat) {
+  // The generation path of every generation endpoint: the plan's request goes to its engine, and the answer is
+  // written by the plan's format, whole or streamed; a client that goes away, the request timeout or the server's
+  // stop cancels it. endpoint: the metrics' label.
+  void generate(const httplib::Request& req, httplib::Response& res, const std::string& endpoint, GenerationPlan plan) {
     const auto t0 = Clock::now();
-    const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
-    const GenerationRequest g = parse_generation_request(body, chat);
-    auto prepared = prepare_generation(specialists, g, options.default_max_tokens);
+    auto& prepared = plan.prepared;
     const std::string who = prepared.answered_by;  // a specialist, or "a+b" for a mixture
     std::shared_ptr<Session> session;
     try {
       session = std::make_shared<Session>(*prepared.engine, *prepared.specialist->tokenizer,
-                                          std::move(prepared.request), g.stop);
+                                          std::move(prepared.request), plan.stop, std::move(plan.limit));
     } catch (const engine::QueueFull& e) {
       res.set_header("Retry-After", "1");
       throw ApiError(503, std::string("specialist \"") + who + "\" is busy: " + e.what() + "; retry later", "",
@@ -191,10 +189,10 @@ struct Server::Impl {
     } catch (const Error& e) {
       throw ApiError(400, e.what());
     }
-    auto c = std::make_shared<Completion>();
-    c->id = new_id(chat ? "chatcmpl" : "cmpl");
+    std::shared_ptr<ResponseFormat> format = std::move(plan.format);
+    auto c = std::make_shared<GenerationReport>();
+    c->id = new_id(format->id_prefix().c_str());
     c->model = who;
-    c->specialist = who;
     c->created = static_cast<int64_t>(std::time(nullptr));
     c->routing = prepared.routing;
     res.set_header("X-SLM-Specialist", who);
@@ -209,11 +207,16 @@ struct Server::Impl {
       }
       const auto r = session->result();
       c->finish_reason = r.finish_reason == "cancelled" ? "length" : r.finish_reason;  // a timeout
+      c->stop_word = r.stop_word;
+      c->text_limit = r.text_limit;
       c->prompt_tokens = r.prompt_tokens;
       c->completion_tokens = r.completion_tokens;
+      c->cached_tokens = r.cached_tokens;
+      const double total = std::chrono::duration<double>(Clock::now() - t0).count();
+      c->prompt_s = r.first_token_s >= 0 ? r.first_token_s : total;
+      c->predicted_s = total - c->prompt_s;
       if (!delivered) metrics.cancelled(who);
-      metrics.generation(who, r.prompt_tokens, r.completion_tokens,
-                         std::chrono::duration<double>(Clock::now() - t0).count(), r.first_token_s,
+      metrics.generation(who, r.prompt_tokens, r.completion_tokens, total, r.first_token_s,
                          delivered ? c->finish_reason : "client_gone");
       metrics.request(endpoint, delivered ? 200 : 499);
     };
@@ -223,7 +226,7 @@ struct Server::Impl {
       return client_gone(sock);
     };
 
-    if (!g.stream) {
+    if (!plan.stream) {
       bool done = false;
       while (!done) {
         c->text += session->next(std::chrono::milliseconds(50), done);
@@ -241,40 +244,30 @@ struct Server::Impl {
       const auto r = session->result();
       if (r.finish_reason == "error") throw ApiError(500, "generation failed: " + r.error, "", "generation_failed");
       finish(true);
-      res.set_content(dump(completion_json(*c, chat)), "application/json");
+      res.set_content(dump(format->whole(*c)), "application/json");
       log(req, 200, " " + who + " " + std::to_string(c->completion_tokens) + " tokens");
       return;
     }
 
     res.set_header("Cache-Control", "no-cache");
-    auto first = std::make_shared<bool>(true);
-    auto include_usage = g.include_usage;
-    res.set_chunked_content_provider("text/event-stream", [this, c, session, chat, first, include_usage, interrupted,
-                                                           finish, &req](size_t, httplib::DataSink& sink) {
-      auto event = [&](const Json& j) {
-        const std::string line = "data: " + dump(j) + "\n\n";
-        return sink.write(line.data(), line.size());
-      };
+    const std::string content_type = format->stream_content_type();
+    res.set_chunked_content_provider(content_type, [this, c, session, format, interrupted, finish, &req](
+                                                       size_t, httplib::DataSink& sink) {
+      auto write = [&](const std::string& bytes) { return bytes.empty() || sink.write(bytes.data(), bytes.size()); };
       for (;;) {
         bool done = false;
         const std::string piece = session->next(std::chrono::milliseconds(50), done);
-        if (!piece.empty()) {  // the first chunk also carries the role
-          if (!event(chunk_json(*c, chat, piece, *first, false))) break;
-          *first = false;
-        }
+        if (!piece.empty() && !write(format->piece(*c, piece))) break;
         if (done) {
           const auto r = session->result();
           if (r.finish_reason == "error") {
-            event(ApiError(500, "generation failed: " + r.error, "", "generation_failed").to_json());
+            write(format->stream_error(ApiError(500, "generation failed: " + r.error, "", "generation_failed")));
           } else {
             finish(true);
-            if (!event(chunk_json(*c, chat, "", *first, true))) return false;
-            if (include_usage && !event(chunk_json(*c, chat, "", false, false, true))) return false;
+            if (!write(format->end(*c))) return false;
           }
-          const std::string end = "data: [DONE]\n\n";
-          sink.write(end.data(), end.size());
           sink.done();
-          log(req, 200, " " + c->specialist + " stream " + std::to_string(c->completion_tokens) + " tokens");
+          log(req, 200, " " + c->model + " stream " + std::to_string(c->completion_tokens) + " tokens");
           return true;
         }
         if (!piece.empty()) return true;
@@ -287,16 +280,17 @@ struct Server::Impl {
     });
   }
 
-  // Runs a handler, turning every failure into an OpenAI-shaped error so that no request can take the server down.
+  // Runs a handler, turning every failure into an error object (error_body's shape) so that no request can take the
+  // server down.
   void guarded(const httplib::Request& req, httplib::Response& res, const std::string& endpoint,
-               const std::function<void()>& fn) {
+               const std::function<void()>& fn, const ErrorBody& error_body = openai_error_body) {
     try {
       fn();
       return;
     } catch (const ApiError& e) {
-      send_error(res, e);
+      send_error(res, e, error_body);
     } catch (const std::exception& e) {
-      send_error(res, ApiError(500, std::string("internal error: ") + e.what(), "", "internal_error"));
+      send_error(res, ApiError(500, std::string("internal error: ") + e.what(), "", "internal_error"), error_body);
     }
     metrics.request(endpoint, res.status);
     log(req, res.status, std::string(" ") + res.body.substr(0, 200));
@@ -342,10 +336,9 @@ struct Server::Impl {
     };
     // A multipart body (refused below for its Content-Type) goes to the multipart reader: the plain one would hand
     // its parts to an empty callback (an exception, answered 500).
-    const bool ok = req.is_multipart_form_data()
-                        ? reader([](const httplib::MultipartFormData&) { return true; },
-                                 [](const char*, size_t) { return true; })
-                        : reader(keep);
+    const bool ok = req.is_multipart_form_data() ? reader([](const httplib::MultipartFormData&) { return true; },
+                                                          [](const char*, size_t) { return true; })
+                                                 : reader(keep);
     if (over || (!ok && req.get_header_value<uint64_t>("Content-Length") > options.max_body_bytes))
       error = ApiError(413, "the body is larger than " + std::to_string(options.max_body_bytes) + " bytes", "",
                        "body_too_large");
@@ -366,22 +359,57 @@ struct Server::Impl {
     for (auto& ch : type) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
     const bool json = type == "application/json" || (type.size() > 5 && type.ends_with("+json"));
     if (!type.empty() && !json)
-      throw ApiError(415, "Content-Type must be application/json (got \"" + req.get_header_value("Content-Type") + "\")",
-                     "", "unsupported_media_type");
+      throw ApiError(415,
+                     "Content-Type must be application/json (got \"" + req.get_header_value("Content-Type") + "\")", "",
+                     "unsupported_media_type");
   }
 
-  void post(const char* path, bool chat) {
-    http.Post(path, [this, path, chat](const httplib::Request& req, httplib::Response& res,
-                                       const httplib::ContentReader& reader) {
-      guarded(req, res, path, [&] {
-        std::optional<ApiError> body_error;
-        const std::string body = read_body(req, reader, body_error);
-        if (!key_ok(req)) throw no_key();
-        require_json(req);  // before the body's own error: a multipart body the reader could not follow says no more
-        if (body_error) throw *body_error;
-        generate(req, body, res, chat);
-      });
+  // The method each path answers (filled by get() and post()), for the 405 that another method gets (with Allow),
+  // and the paths the metrics name (any other is "other": a label per unknown path would have no bound).
+  std::map<std::string, std::string> methods;
+
+  const std::string& endpoint_label(const std::string& path) const {
+    static const std::string other = "other";
+    const auto it = methods.find(path);
+    return it == methods.end() ? other : it->first;
+  }
+
+  void get(const std::string& path, std::function<void(const httplib::Request&, httplib::Response&)> handler) {
+    methods[path] = "GET";
+    http.Get(path, std::move(handler));
+  }
+
+  // A POST endpoint with a JSON body: the body is read (within --max-body, chunked or not), the API key and the
+  // Content-Type are checked, then handler(req, body, res) answers. Its errors, and those found before, are shaped by
+  // error_body and counted under path in the metrics.
+  using PostHandler = std::function<void(const httplib::Request&, const std::string& body, httplib::Response&)>;
+  void post(const std::string& path, PostHandler handler, ErrorBody error_body = openai_error_body) {
+    methods[path] = "POST";
+    http.Post(path, [this, path, handler = std::move(handler), error_body](
+                        const httplib::Request& req, httplib::Response& res, const httplib::ContentReader& reader) {
+      guarded(
+          req, res, path,
+          [&] {
+            std::optional<ApiError> body_error;
+            const std::string body = read_body(req, reader, body_error);
+            if (!key_ok(req)) throw no_key();
+            require_json(
+                req);  // before the body's own error: a multipart body the reader could not follow says no more
+            if (body_error) throw *body_error;
+            handler(req, body, res);
+          },
+          error_body);
     });
+  }
+
+  // A POST endpoint that generates: parse turns the body into a GenerationPlan (response_format.h), generate() does
+  // the rest.
+  void generation_endpoint(const std::string& path, GenerationParser parse, ErrorBody error_body = openai_error_body) {
+    post(
+        path,
+        [this, path, parse = std::move(parse)](const httplib::Request& req, const std::string& body,
+                                               httplib::Response& res) { generate(req, res, path, parse(body)); },
+        std::move(error_body));
   }
 
   void routes() {
@@ -390,54 +418,113 @@ struct Server::Impl {
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (has_body(req) || key_ok(req)) return httplib::Server::HandlerResponse::Unhandled;
       send_error(res, no_key());
-      metrics.request(req.path, 401);
+      metrics.request(endpoint_label(req.path), 401);
       return httplib::Server::HandlerResponse::Handled;
     });
-    http.Get("/health", [this](const httplib::Request& req, httplib::Response& res) {
+    get("/health", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(req, res, "/health", [&] { health(res); });
     });
-    http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(req, res, "/v1/models", [&] {
         models(res);
         metrics.request("/v1/models", 200);
       });
     });
-    http.Get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
+    get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(req, res, "/metrics", [&] {
         metrics.request("/metrics", 200);
         res.set_content(metrics.render(gauges()), "text/plain; version=0.0.4");
       });
     });
-    http.Get("/", [](const httplib::Request&, httplib::Response& res) {
+    get("/", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(web_page_html(), "text/html; charset=utf-8");
     });
-    post("/v1/chat/completions", true);
-    post("/v1/completions", false);
+    for (const bool chat : {true, false})
+      generation_endpoint(chat ? "/v1/chat/completions" : "/v1/completions", [this, chat](const std::string& body) {
+        return openai_plan(specialists, body, chat, options.default_max_tokens);
+      });
+    // llama.cpp's API where editors use it (llama_api.h).
+    generation_endpoint("/infill", [this](const std::string& body) {
+      return infill_plan(specialists, body, options.default_max_tokens);
+    });
+    for (const bool encode : {true, false}) {
+      const std::string path = encode ? "/tokenize" : "/detokenize";
+      post(path, [this, encode, path](const httplib::Request&, const std::string& body, httplib::Response& res) {
+        res.set_content(dump(encode ? tokenize_json(specialists, body) : detokenize_json(specialists, body)),
+                        "application/json");
+        metrics.request(path, 200);
+      });
+    }
+    get("/props", [this](const httplib::Request& req, httplib::Response& res) {
+      guarded(req, res, "/props", [&] {
+        res.set_content(dump(props_json(specialists, options.default_max_tokens)), "application/json");
+        metrics.request("/props", 200);
+      });
+    });
+    // Ollama's API (ollama_api.h), its errors {"error": "message"}.
+    const OllamaClock clock = [] { return std::chrono::system_clock::now(); };
+    for (const std::string path : {"/api/tags", "/api/ps", "/api/version"})
+      get(path, [this, path](const httplib::Request& req, httplib::Response& res) {
+        guarded(
+            req, res, path,
+            [&] {
+              const auto models = ollama_models(specialists);
+              res.set_content(dump(path == "/api/tags" ? ollama_tags_json(models)
+                                   : path == "/api/ps" ? ollama_ps_json(models)
+                                                       : Json{{"version", kOllamaVersion}}),
+                              "application/json");
+              metrics.request(path, 200);
+            },
+            ollama_error_body);
+      });
+    post(
+        "/api/show",
+        [this](const httplib::Request&, const std::string& body, httplib::Response& res) {
+          res.set_content(dump(ollama_show_json(ollama_models(specialists), body)), "application/json");
+          metrics.request("/api/show", 200);
+        },
+        ollama_error_body);
+    for (const bool chat : {false, true}) {
+      const std::string path = chat ? "/api/chat" : "/api/generate";
+      post(
+          path,
+          [this, chat, path, clock](const httplib::Request& req, const std::string& body, httplib::Response& res) {
+            const OllamaRequest r = parse_ollama_request(body, chat);
+            if (!r.load_only()) {
+              generate(req, res, path, ollama_plan(specialists, r, options.default_max_tokens, clock));
+              return;
+            }
+            res.set_content(dump(ollama_load_json(ollama_models(specialists), r, clock)), "application/json");
+            metrics.request(path, 200);
+          },
+          ollama_error_body);
+    }
     // What cpp-httplib answers by itself (unknown path or method, body too large, a request line or headers
     // malformed or not sent in full within the read timeout) gets an error object too.
-    http.set_error_handler(
-        httplib::Server::HandlerWithResponse([this](const httplib::Request& req, httplib::Response& res) {
-          if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-          const char* allow = res.status == 404 ? allowed_method(req.path) : nullptr;
-          if (!key_ok(req) && res.status == 404) {
-            send_error(res, no_key());
-          } else if (allow) {
-            res.set_header("Allow", allow);
-            send_error(res, ApiError(405, req.method + " " + req.path + ": method not allowed (use " + allow + ")", "",
-                                     "method_not_allowed"));
-          } else {
-            send_error(res, ApiError(res.status,
-                                     res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-                                     : res.status == 413
-                                         ? "the body is larger than " + std::to_string(options.max_body_bytes) + " bytes"
-                                     : res.status == 400
-                                         ? "the request is malformed, or its request line and headers did not arrive "
-                                           "in full within the read timeout"
-                                         : "the request was refused (HTTP " + std::to_string(res.status) + ")"));
-          }
-          metrics.request("other", res.status);
-          return httplib::Server::HandlerResponse::Handled;
-        }));
+    http.set_error_handler(httplib::Server::HandlerWithResponse([this](const httplib::Request& req,
+                                                                       httplib::Response& res) {
+      if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+      const auto known = methods.find(req.path);
+      const char* allow = res.status == 404 && known != methods.end() ? known->second.c_str() : nullptr;
+      if (!key_ok(req) && res.status == 404) {
+        send_error(res, no_key());
+      } else if (allow) {
+        res.set_header("Allow", allow);
+        send_error(res, ApiError(405, req.method + " " + req.path + ": method not allowed (use " + allow + ")", "",
+                                 "method_not_allowed"));
+      } else {
+        send_error(res, ApiError(res.status,
+                                 res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
+                                 : res.status == 413
+                                     ? "the body is larger than " + std::to_string(options.max_body_bytes) + " bytes"
+                                 : res.status == 400
+                                     ? "the request is malformed, or its request line and headers did not arrive "
+                                       "in full within the read timeout"
+                                     : "the request was refused (HTTP " + std::to_string(res.status) + ")"));
+      }
+      metrics.request("other", res.status);
+      return httplib::Server::HandlerResponse::Handled;
+    }));
   }
 };
 

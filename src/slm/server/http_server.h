@@ -2,6 +2,7 @@
 // `slm serve`: the OpenAI-compatible HTTP front of the specialists (docs/serving.md), on cpp-httplib.
 //   POST /v1/chat/completions, POST /v1/completions   (stream: true -> server-sent events)
 //   GET  /v1/models, /health, /metrics
+//   POST /infill, /tokenize, /detokenize, GET /props   (llama.cpp's, for editors: llama_api.h)
 // Each request runs on an HTTP worker thread that waits on its Session; the generation itself runs on the
 // specialist's engine thread. A client that disconnects cancels its generation; every bad request gets an
 // OpenAI-shaped error object.

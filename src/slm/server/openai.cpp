@@ -180,8 +180,13 @@ GenerationRequest parse_generation_request(const std::string& body, bool chat) {
   for (const char* key : {"logprobs", "echo"})
     if (j.contains(key) && !j[key].is_null() && j[key] != false && j[key] != 0)
       throw ApiError(400, std::string(key) + ": not supported by this server", key, "unsupported_parameter");
+  if (!chat && j.contains("suffix") && !j["suffix"].is_null()) {  // on chat: refused below
+    if (!j["suffix"].is_string()) throw bad("suffix", "expected a string");
+    r.suffix = j["suffix"].get<std::string>();
+  }
   for (const char* key : {"tools", "functions", "best_of", "suffix", "top_logprobs", "response_format"})
     if (j.contains(key) && !j[key].is_null() && !(key == std::string("best_of") && j[key] == 1) &&
+        !(key == std::string("suffix") && !chat) &&
         !(key == std::string("response_format") && j[key].is_object() && j[key].contains("type") &&
           j[key]["type"] == "text"))
       throw ApiError(400, std::string(key) + ": not supported by this server", key, "unsupported_parameter");
@@ -210,10 +215,11 @@ nlohmann::json envelope(const Completion& c, const char* object) {
 nlohmann::json completion_json(const Completion& c, bool chat) {
   auto j = envelope(c, chat ? "chat.completion" : "text_completion");
   if (chat)
-    j["choices"] = {{{"index", 0},
-                     {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},  // refusal: required
-                     {"logprobs", nullptr},
-                     {"finish_reason", c.finish_reason}}};
+    j["choices"] = {
+        {{"index", 0},
+         {"message", {{"role", "assistant"}, {"content", c.text}, {"refusal", nullptr}}},  // refusal: required
+         {"logprobs", nullptr},
+         {"finish_reason", c.finish_reason}}};
   else
     j["choices"] = {{{"index", 0}, {"text", c.text}, {"logprobs", nullptr}, {"finish_reason", c.finish_reason}}};
   j["usage"] = usage(c);

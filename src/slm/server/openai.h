@@ -4,8 +4,9 @@
 //
 // Accepted fields: model, messages (chat) / prompt (completions: a string or a list of one string), max_tokens (or
 // max_completion_tokens), temperature [0, 2], top_p (0, 1], presence_penalty and frequency_penalty [-2, 2], seed,
-// n (only 1), stop (a string or up to 4), stream, stream_options.include_usage; and vLLM's top_k (-1 or 0: none)
-// and repetition_penalty (0, 10]. Other fields are ignored, as OpenAI-compatible servers do, except those whose
+// n (only 1), stop (a string or up to 4), stream, stream_options.include_usage, suffix (completions: the prompt is
+// the text before the insertion, suffix the text after; the answer is what goes between); and vLLM's top_k (-1 or 0:
+// none) and repetition_penalty (0, 10]. Other fields are ignored, as OpenAI-compatible servers do, except those whose
 // effect this server cannot give (logprobs, tools, ...) when set to a non-default value: those are refused, so a
 // client never gets silently different behaviour.
 #include <cstdint>
@@ -41,6 +42,7 @@ struct GenerationRequest {
   std::string model;
   std::vector<engine::ChatMessage> messages;  // chat
   std::string prompt;                         // completions
+  std::optional<std::string> suffix;          // completions: the text after the insertion (fill-in-the-middle)
   std::optional<int64_t> max_tokens;
   engine::Sampling sampling;
   std::vector<std::string> stop;

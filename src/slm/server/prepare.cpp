@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "slm/server/llama_api.h"
+
 namespace slm::server {
 
 namespace {
@@ -57,11 +59,40 @@ void pick_pair(const Specialists& specialists, const GenerationRequest& g, Prepa
   }
 }
 
+// A completion with a suffix: the infill prompt (llama_api.h) in the budget the completion leaves, from the named
+// specialist or, for "auto", the one of the text's file type (else the router's).
+PreparedGeneration prepare_fill(const Specialists& specialists, const GenerationRequest& g,
+                                int64_t default_max_tokens) {
+  PreparedGeneration p;
+  p.specialist = g.model == "auto" ? &infill_specialist(specialists, "", "", g.prompt + *g.suffix, p.routing)
+                                   : &pick(specialists, g, p.routing);
+  p.engine = p.specialist->engine.get();
+  p.answered_by = p.specialist->name;
+  const int64_t ctx = p.engine->context_length();
+  const int64_t max_tokens = g.max_tokens.value_or(std::min(default_max_tokens, ctx / 2));
+  if (max_tokens >= ctx)
+    throw ApiError(400,
+                   "max_tokens (" + std::to_string(max_tokens) +
+                       ") leaves no room for a prompt in the model's context of " + std::to_string(ctx) + " tokens",
+                   "max_tokens", "context_length_exceeded");
+  engine::InfillRequest fill;
+  fill.prefix = g.prompt;
+  fill.suffix = *g.suffix;
+  const auto prompt = infill_prompt_for(*p.specialist, fill, ctx - max_tokens);
+  p.request.prompt = prompt.ids;
+  p.request.cache_points = infill_cache_points(*p.specialist, prompt);
+  p.request.sampling = g.sampling;
+  p.request.max_tokens = max_tokens;
+  p.request.stop_ids = p.specialist->chat->stop_ids();
+  return p;
+}
+
 }  // namespace
 
 PreparedGeneration prepare_generation(const Specialists& specialists, const GenerationRequest& g,
                                       int64_t default_max_tokens) {
   PreparedGeneration p;
+  if (g.suffix) return prepare_fill(specialists, g, default_max_tokens);
   if (g.model == "auto-2") {
     pick_pair(specialists, g, p);
   } else {

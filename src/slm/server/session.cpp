@@ -10,20 +10,54 @@
 namespace slm::server {
 
 struct Session::State {
-  State(const data::Tokenizer& t, std::vector<std::string> stops) : detok(t), stop(std::move(stops)) {}
+  State(const data::Tokenizer& t, std::vector<std::string> stops, TextLimit l)
+      : detok(t), stop(stops), stops(std::move(stops)), limit(std::move(l)) {}
   std::mutex mu;
   std::condition_variable cv;
   data::Detokenizer detok;
   engine::StopText stop;
-  std::string pending;  // produced, not yet taken by next()
+  std::vector<std::string> stops;
+  TextLimit limit;
+  std::string raw;       // everything decoded, before the stop strings are cut (to name the one that matched)
+  std::string shown;     // everything produced for the client (taken or pending)
+  std::string pending;   // produced, not yet taken by next()
+  bool limited = false;  // the TextLimit ended it
   bool done = false;
   SessionResult result;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+
+  bool ended() const { return stop.stopped() || limited; }
+  // Takes decoded text through the stop strings and the limit. Called with mu held.
+  void produce(const std::string& decoded) {
+    if (!stops.empty()) raw += decoded;
+    const std::string out = stop.push(decoded);
+    pending += out;
+    shown += out;
+    if (stop.stopped()) {
+      // The text shown is raw's prefix up to the stop string; of those that start there, the first listed.
+      for (const auto& s : stops)
+        if (!s.empty() && raw.compare(shown.size(), s.size(), s) == 0) {
+          result.stop_word = s;
+          break;
+        }
+      return;
+    }
+    if (!limit) return;
+    const double since_first =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() - result.first_token_s;
+    const auto keep = limit(shown, shown.size() - out.size(), since_first);
+    if (!keep) return;
+    const size_t taken = shown.size() - pending.size();
+    const size_t n = std::min(shown.size(), std::max(*keep, taken));
+    pending.resize(n - taken);
+    shown.resize(n);
+    limited = true;
+  }
 };
 
 Session::Session(engine::Engine& engine, const data::Tokenizer& tokenizer, engine::Request request,
-                 std::vector<std::string> stop_strings)
-    : state_(std::make_shared<State>(tokenizer, std::move(stop_strings))), engine_(engine) {
+                 std::vector<std::string> stop_strings, TextLimit limit)
+    : state_(std::make_shared<State>(tokenizer, std::move(stop_strings), std::move(limit))), engine_(engine) {
   auto st = state_;
   engine::Engine* eng = &engine;
   auto id = std::make_shared<std::atomic<engine::RequestId>>(0);
@@ -36,9 +70,9 @@ Session::Session(engine::Engine& engine, const data::Tokenizer& tokenizer, engin
       std::lock_guard lock(st->mu);
       if (st->result.first_token_s < 0)
         st->result.first_token_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - st->start).count();
-      if (st->stop.stopped()) return;
-      st->pending += st->stop.push(data::replace_invalid_utf8(st->detok.push(static_cast<uint32_t>(token))));
-      stop_now = st->stop.stopped();
+      if (st->ended()) return;
+      st->produce(data::replace_invalid_utf8(st->detok.push(static_cast<uint32_t>(token))));
+      stop_now = st->ended();
       st->cv.notify_all();
     }
     // The id is known once submit() returns; a stop string seen before that is caught right after submit().
@@ -46,13 +80,17 @@ Session::Session(engine::Engine& engine, const data::Tokenizer& tokenizer, engin
   };
   cb.on_done = [st](const engine::Result& r) {
     std::lock_guard lock(st->mu);
-    if (!st->stop.stopped()) {
-      st->pending += st->stop.push(data::replace_invalid_utf8(st->detok.flush()));
-      st->pending += st->stop.flush();
+    if (!st->ended()) st->produce(data::replace_invalid_utf8(st->detok.flush()));
+    if (!st->ended()) {
+      const std::string tail = st->stop.flush();
+      st->pending += tail;
+      st->shown += tail;
     }
     st->result.prompt_tokens = r.prompt_tokens;
     st->result.completion_tokens = r.completion_tokens;
-    st->result.finish_reason = st->stop.stopped() ? "stop" : engine::finish_name(r.finish);
+    st->result.cached_tokens = r.cached_tokens;
+    st->result.text_limit = st->limited;
+    st->result.finish_reason = st->ended() ? "stop" : engine::finish_name(r.finish);
     st->result.error = r.error;
     st->done = true;
     st->cv.notify_all();
@@ -62,7 +100,7 @@ Session::Session(engine::Engine& engine, const data::Tokenizer& tokenizer, engin
   bool stopped;
   {
     std::lock_guard lock(state_->mu);
-    stopped = state_->stop.stopped() && !state_->done;
+    stopped = state_->ended() && !state_->done;
   }
   if (stopped) engine_.cancel(id_);
 }

@@ -3,7 +3,9 @@
 // back into text pieces (whole UTF-8 characters, cut at the first stop string, which also cancels the rest of the
 // generation). The HTTP thread pulls the pieces with next(); the engine's callbacks only append under a lock.
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,10 +14,21 @@
 
 namespace slm::server {
 
+// Optional: ends a generation early by looking at its text. Called after each token with the text so far (what the
+// client sees: stop strings already cut), where the text this token added starts, and the seconds since the first
+// token; returns the length to keep (the rest
+// is dropped and the generation ends with finish_reason "stop") or nullopt to go on. Text already taken by next()
+// stays taken: a shorter length is raised to it. llama.cpp's n_indent and t_max_predict_ms are such limits.
+using TextLimit =
+    std::function<std::optional<size_t>(const std::string& text, size_t new_from, double since_first_token_s)>;
+
 struct SessionResult {
-  std::string finish_reason;  // "stop" (stop id or stop string), "length", "cancelled", "error"
+  std::string finish_reason;  // "stop" (stop id, stop string or the TextLimit), "length", "cancelled", "error"
   std::string error;          // for "error"
+  std::string stop_word;      // the stop string that ended it ("": none)
+  bool text_limit = false;    // the TextLimit ended it
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens the engine restored from its prefix cache
   double first_token_s = -1;  // seconds from the session's start to its first token (-1: none)
 };
 
@@ -24,7 +37,7 @@ class Session {
   // Submits at once to the engine, whose ids the tokenizer reads (a specialist's, or a mixture's of specialists
   // sharing that tokenizer); throws engine::QueueFull or slm::Error (a request the engine refuses).
   Session(engine::Engine& engine, const data::Tokenizer& tokenizer, engine::Request request,
-          std::vector<std::string> stop_strings);
+          std::vector<std::string> stop_strings, TextLimit limit = {});
   Session(Specialist& specialist, engine::Request request, std::vector<std::string> stop_strings)
       : Session(*specialist.engine, *specialist.tokenizer, std::move(request), std::move(stop_strings)) {}
   // Cancels the generation when it has not finished.

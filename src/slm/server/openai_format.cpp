@@ -1,0 +1,61 @@
+#include "slm/server/openai_format.h"
+
+namespace slm::server {
+
+namespace {
+
+class OpenAiFormat : public ResponseFormat {
+ public:
+  OpenAiFormat(bool chat, bool include_usage) : chat_(chat), include_usage_(include_usage) {}
+  std::string id_prefix() const override { return chat_ ? "chatcmpl" : "cmpl"; }
+  nlohmann::json whole(const GenerationReport& r) override { return completion_json(completion(r), chat_); }
+  std::string piece(const GenerationReport& r, const std::string& text) override {
+    std::string out = sse_event(chunk_json(completion(r), chat_, text, first_, false));
+    first_ = false;  // the first chunk also carries the role
+    return out;
+  }
+  std::string end(const GenerationReport& r) override {
+    const Completion c = completion(r);
+    std::string out = sse_event(chunk_json(c, chat_, "", first_, true));
+    if (include_usage_) out += sse_event(chunk_json(c, chat_, "", false, false, true));
+    return out + kDone;
+  }
+  std::string stream_error(const ApiError& e) override { return sse_event(e.to_json()) + kDone; }
+
+ private:
+  static constexpr const char* kDone = "data: [DONE]\n\n";
+  static Completion completion(const GenerationReport& r) {
+    Completion c;
+    c.id = r.id;
+    c.model = r.model;
+    c.specialist = r.model;
+    c.created = r.created;
+    c.text = r.text;
+    c.finish_reason = r.finish_reason;
+    c.prompt_tokens = r.prompt_tokens;
+    c.completion_tokens = r.completion_tokens;
+    c.routing = r.routing;
+    return c;
+  }
+  bool chat_, include_usage_;
+  bool first_ = true;
+};
+
+}  // namespace
+
+std::unique_ptr<ResponseFormat> openai_format(bool chat, bool include_usage) {
+  return std::make_unique<OpenAiFormat>(chat, include_usage);
+}
+
+GenerationPlan openai_plan(const Specialists& specialists, const std::string& body, bool chat,
+                           int64_t default_max_tokens) {
+  const GenerationRequest g = parse_generation_request(body, chat);
+  GenerationPlan plan;
+  plan.prepared = prepare_generation(specialists, g, default_max_tokens);
+  plan.stop = g.stop;
+  plan.stream = g.stream;
+  plan.format = openai_format(chat, g.include_usage);
+  return plan;
+}
+
+}  // namespace slm::server
