@@ -71,6 +71,7 @@ void print_scores(const train::CheckpointEval& req, const train::CheckpointScore
 void add_eval_humaneval_command(CLI::App* eval);  // cmd_eval_humaneval.cpp
 void add_eval_domains_command(CLI::App* eval);    // cmd_eval_domains.cpp
 void add_eval_ablations_command(CLI::App* eval);  // cmd_eval_ablations.cpp
+void add_eval_fim_command(CLI::App* eval);        // cmd_eval_fim.cpp
 
 void add_eval_command(CLI::App& app) {
   auto o = std::make_shared<EvalCli>();
@@ -99,6 +100,7 @@ void add_eval_command(CLI::App& app) {
   add_eval_humaneval_command(e);
   add_eval_domains_command(e);
   add_eval_ablations_command(e);
+  add_eval_fim_command(e);
   e->require_subcommand(0, 1);
   e->callback([o, e] {
     if (!e->get_subcommands().empty()) return;  // a subcommand ran instead
