@@ -1,8 +1,12 @@
 #pragma once
+#include <dirent.h>
 #include <ftw.h>
+#include <signal.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -22,11 +26,23 @@ inline void remove_tree(const std::string& path) {
       FTW_DEPTH | FTW_PHYS);
 }
 
-// A fresh, empty directory under the test temp dir, unique per test case.
+// A fresh, empty directory under the test temp dir, unique per test case and process: two runs of one test at the
+// same time (two ctest runs, two clones' CI on one machine) must not share it. The directories of this test case
+// that earlier processes left (their process is gone) are removed, so that repeated runs do not fill the disk.
 inline std::string fresh_dir(const std::string& tag) {
   const auto* info = testing::UnitTest::GetInstance()->current_test_info();
-  std::filesystem::path p = std::filesystem::path(testing::TempDir()) /
-                            ("slm_data_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + tag);
+  const std::string base = "slm_data_" + std::string(info->test_suite_name()) + "_" + info->name() + "_" + tag + "_";
+  const std::string tmp = testing::TempDir();
+  if (DIR* d = ::opendir(tmp.c_str())) {  // POSIX, not std::filesystem (remove_tree's comment)
+    while (dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind(base, 0) != 0 || name.find_first_not_of("0123456789", base.size()) != std::string::npos) continue;
+      const long pid = std::atol(name.c_str() + base.size());
+      if (pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) remove_tree(tmp + "/" + name);
+    }
+    ::closedir(d);
+  }
+  std::filesystem::path p = std::filesystem::path(tmp) / (base + std::to_string(::getpid()));
   remove_tree(p.string());
   std::filesystem::create_directories(p);
   return p.string();

@@ -71,7 +71,7 @@ InfillTokens infill_tokens(const data::Tokenizer& tok) {
   try {
     t.file_sep = tok.special_id("<|file_sep|>");
   } catch (const Error&) {
-    t.file_sep = -1;  // tokenizer/README.md: not in the committed models yet
+    t.file_sep = -1;  // a tokenizer made outside train_tokenizer (every committed one has it, id 18)
   }
   return t;
 }
