@@ -34,14 +34,14 @@ set_source_files_properties(${SLM_SRC}/server/http_server.cpp ${SLM_SRC}/server/
 
 # The subset: the server's and the engines' tests, the data parsers', safetensors, the router and the recipes.
 # Left out: the files whose tests drive build/slm as a process (test_cli, test_default_ensemble_cli,
-# test_openai_client, test_chat_url, test_chat_page: they exercise the uninstrumented program, through Python and a
-# browser for the last two) and the rest of the suite (the model, ops and training, not instrumented here).
+# test_openai_client, test_ollama_client, test_chat_url, test_chat_page: they exercise the uninstrumented program,
+# through Python clients and a browser) and the rest of the suite (the model, ops and training, not instrumented here).
 file(GLOB SLM_ASAN_TEST_SOURCES CONFIGURE_DEPENDS
   ${SLM_ROOT}/tests/server/*.cpp ${SLM_ROOT}/tests/engine/*.cpp ${SLM_ROOT}/tests/recipe/*.cpp)
 list(APPEND SLM_ASAN_TEST_SOURCES
   ${SLM_ROOT}/tests/data/test_shards.cpp ${SLM_ROOT}/tests/data/test_pack.cpp ${SLM_ROOT}/tests/data/test_loader.cpp
   ${SLM_ROOT}/tests/io/test_safetensors.cpp ${SLM_ROOT}/tests/router/test_router.cpp)
-list(FILTER SLM_ASAN_TEST_SOURCES EXCLUDE REGEX "/(test_cli|test_default_ensemble_cli|test_openai_client|test_chat_url|test_chat_page)\\.cpp$")
+list(FILTER SLM_ASAN_TEST_SOURCES EXCLUDE REGEX "/(test_cli|test_default_ensemble_cli|test_openai_client|test_ollama_client|test_chat_url|test_chat_page)\\.cpp$")
 add_executable(slm_asan_tests ${SLM_ASAN_TEST_SOURCES})
 target_include_directories(slm_asan_tests PRIVATE ${SLM_ROOT}/tests)
 target_compile_definitions(slm_asan_tests PRIVATE SLM_SOURCE_DIR="${SLM_ROOT}" SLM_BINARY="${SLM_MAIN_BUILD}/slm")
