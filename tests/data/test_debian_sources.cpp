@@ -104,7 +104,7 @@ TEST(LicensePolicy, ExpressionsAlternativesAndExceptions) {
 }
 
 TEST(LicensePolicy, TheShippedPolicyKeepsFreeLicensesAndDropsTheRest) {
-  const auto cfg = nlohmann::json::parse(test::read_file(std::string(SLM_SOURCE_DIR) + "/recipes/data/debian.json"));
+  const auto cfg = nlohmann::json::parse(test::read_file(test::source_path("recipes/data/debian.json")));
   const auto p = LicensePolicy::from_json(cfg["licenses"], "debian.json");
   for (const char* ok : {"Expat", "MIT", "BSD-3-clause", "BSL-1.0", "Apache-2.0", "GPL-2+", "LGPL-2.1+", "Zlib",
                          "public-domain", "MPL-2.0", "GPL-3+ with GCC-exception-3.1"})
