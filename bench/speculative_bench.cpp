@@ -6,7 +6,7 @@
 // Each file gives one prompt: the --prompt-chars characters before the line at the middle of the file (so the
 // model continues code, not a license header). Every repeat runs each prompt plain and speculative back to back,
 // the order alternating between repeats (the machine may be shared: interleaved runs see the same load). Through
-// engine::generate_text, as `slm generate` runs it: decode tok/s = the tokens after the first over their time
+// text::generate_text, as `slm generate` runs it: decode tok/s = the tokens after the first over their time
 // (GenerationStats; the prompt's prefill excluded). Reported per prompt and over all: the median decode tok/s of
 // each mode, the speedup of the medians, the acceptance rate (accepted / drafted drafts) and, when greedy, whether the
 // speculative tokens equal the plain ones.
@@ -23,6 +23,7 @@
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
 #include "slm/recipe/recipe.h"
+#include "slm/text/text_generation.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
@@ -122,7 +123,7 @@ int main(int argc, char** argv) {
           go.sampling = {o.temperature, o.top_k, o.top_p, o.seed + static_cast<uint64_t>(r)};
           go.speculative = spec ? o.speculative : 0;
           slm::engine::GenerationStats stats;
-          outputs[spec] = slm::engine::generate_text(m, tokenizer, prompt, go, {}, &stats);
+          outputs[spec] = slm::text::generate_text(m, tokenizer, prompt, go, {}, &stats);
           if (stats.decode_steps < 1) continue;  // ended at the first token: no decode to time
           (spec ? t.spec : t.plain).push_back(static_cast<double>(stats.decode_steps) / stats.decode_s);
           t.drafted += stats.drafted;

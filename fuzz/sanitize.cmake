@@ -1,12 +1,12 @@
 # slm_asan_tests: the AddressSanitizer + UndefinedBehaviorSanitizer test subset (scripts/sanitize.sh, build-asan).
 #
 # What is instrumented: the sources the subset tests exercise — the parsers (slm_parsers, the fuzz targets' objects)
-# and the server, the engines, the router and the data loader (slm_san_core) — and the subset's test files. The rest
-# of the library (the model, its ops, training: ~90 files of libtorch code, 30+ minutes to compile) comes from the
-# main build's libslm_core.a: the linker takes an archive member only for symbols the instrumented objects do not
-# define, so every instrumented file replaces its uninstrumented copy. Mixing is what ASan expects (libtorch itself
-# is not instrumented either): heap errors are caught in instrumented code whoever allocated the memory, and the
-# allocator and the leak checker cover the whole process. Both builds must come from the same sources.
+# and the server, the engines, the text room, the router and the data loader (slm_san_core) — and the subset's test
+# files. The rest of the library (the model, its ops, training: ~90 files of libtorch code, 30+ minutes to compile)
+# comes from the main build's libslm_core.a: the linker takes an archive member only for symbols the instrumented
+# objects do not define, so every instrumented file replaces its uninstrumented copy. Mixing is what ASan expects
+# (libtorch itself is not instrumented either): heap errors are caught in instrumented code whoever allocated the
+# memory, and the allocator and the leak checker cover the whole process. Both builds must come from the same sources.
 if(NOT SLM_MAIN_BUILD OR NOT EXISTS ${SLM_MAIN_BUILD}/src/libslm_core.a)
   message(FATAL_ERROR "SLM_SANITIZE_TESTS needs SLM_MAIN_BUILD, a built main build directory (${SLM_MAIN_BUILD}/src/"
                       "libslm_core.a is missing: run scripts/setup.sh)")
@@ -21,7 +21,7 @@ find_library(HTTPLIB_LIBRARY cpp-httplib REQUIRED)
 # As src/CMakeLists.txt: code including httplib.h must define the macros Debian's library was built with.
 set(SLM_HTTPLIB_DEFINITIONS CPPHTTPLIB_OPENSSL_SUPPORT CPPHTTPLIB_ZLIB_SUPPORT CPPHTTPLIB_BROTLI_SUPPORT)
 
-file(GLOB SLM_SAN_CORE_SOURCES CONFIGURE_DEPENDS ${SLM_SRC}/server/*.cpp ${SLM_SRC}/engine/*.cpp)
+file(GLOB SLM_SAN_CORE_SOURCES CONFIGURE_DEPENDS ${SLM_SRC}/server/*.cpp ${SLM_SRC}/engine/*.cpp ${SLM_SRC}/text/*.cpp)
 list(APPEND SLM_SAN_CORE_SOURCES ${SLM_SRC}/router/route.cpp ${SLM_SRC}/router/train.cpp ${SLM_SRC}/data/loader.cpp)
 list(REMOVE_ITEM SLM_SAN_CORE_SOURCES ${SLM_PARSER_SOURCES})
 add_library(slm_san_core STATIC ${SLM_SAN_CORE_SOURCES})
@@ -32,12 +32,14 @@ target_precompile_headers(slm_san_core PRIVATE <torch/torch.h>)
 set_source_files_properties(${SLM_SRC}/server/http_server.cpp ${SLM_SRC}/server/chat_client.cpp PROPERTIES
   COMPILE_DEFINITIONS "${SLM_HTTPLIB_DEFINITIONS}")
 
-# The subset: the server's and the engines' tests, the data parsers', safetensors, the router and the recipes.
+# The subset: the server's, the engines' and the text room's tests, the data parsers', safetensors, the router and
+# the recipes.
 # Left out: the files whose tests drive build/slm as a process (test_cli, test_default_ensemble_cli,
 # test_openai_client, test_ollama_client, test_chat_url, test_chat_page: they exercise the uninstrumented program,
 # through Python clients and a browser) and the rest of the suite (the model, ops and training, not instrumented here).
 file(GLOB SLM_ASAN_TEST_SOURCES CONFIGURE_DEPENDS
-  ${SLM_ROOT}/tests/server/*.cpp ${SLM_ROOT}/tests/engine/*.cpp ${SLM_ROOT}/tests/recipe/*.cpp)
+  ${SLM_ROOT}/tests/server/*.cpp ${SLM_ROOT}/tests/engine/*.cpp ${SLM_ROOT}/tests/text/*.cpp
+  ${SLM_ROOT}/tests/recipe/*.cpp)
 list(APPEND SLM_ASAN_TEST_SOURCES
   ${SLM_ROOT}/tests/data/test_shards.cpp ${SLM_ROOT}/tests/data/test_pack.cpp ${SLM_ROOT}/tests/data/test_loader.cpp
   ${SLM_ROOT}/tests/io/test_safetensors.cpp ${SLM_ROOT}/tests/router/test_router.cpp)

@@ -60,7 +60,7 @@ void run_chat(ChatFlags f) {
       if (s->weights == "random") std::cerr << "slm chat: warning: " << s->name << " runs RANDOM weights\n";
     backend = server::in_process_chat(specialists);
   }
-  std::vector<engine::ChatMessage> history;
+  std::vector<text::ChatMessage> history;
   if (!f.system.empty()) history.push_back({"system", f.system});
   // One turn: the answer streams to stdout, who answered follows on stderr. Throws slm::Error when it fails.
   auto turn = [&](const std::string& text) {

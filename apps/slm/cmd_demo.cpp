@@ -11,9 +11,10 @@
 #include "slm/data/shard_builder.h"
 #include "slm/data/tokenizer.h"
 #include "slm/engine/generation.h"
+#include "slm/io/run_dir.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
-#include "slm/train/checkpoint.h"
+#include "slm/text/text_generation.h"
 #include "slm/train/plot.h"
 #include "slm/train/trainer.h"
 #include "slm/util/error.h"
@@ -125,13 +126,13 @@ void run_demo(const DemoOptions& o) {
   auto tok = data::Tokenizer::load(o.tokenizer);
   auto recipe = load_recipe(o.recipe);
   model::HybridLM m(recipe);
-  model::load_weights(m, model::weights_path(train::latest_checkpoint(tc.out)));
+  model::load_weights(m, model::weights_path(io::latest_checkpoint(tc.out)));
   m.eval();
   engine::GenerationOptions go;
   go.max_tokens = o.max_tokens;
   go.sampling = {0.7, 40, 0.95, 1};
   std::cout << "----- prompt -----\n" << o.prompt << "----- completion -----\n";
-  engine::generate_text(m, tok, o.prompt, go, [](const std::string& text) { std::cout << text << std::flush; });
+  text::generate_text(m, tok, o.prompt, go, [](const std::string& text) { std::cout << text << std::flush; });
   std::cout << "\n----- end -----\n";
   std::cerr << "checkpoint: " << tc.out << " (slm train --resume " << tc.out << " --steps N continues it)\n";
 }

@@ -9,10 +9,10 @@
 #include "commands.h"
 #include "slm/eval/fim_eval.h"
 #include "slm/eval/sandbox.h"
+#include "slm/io/run_dir.h"
 #include "slm/model/weights.h"
 #include "slm/recipe/ensemble.h"
 #include "slm/recipe/recipe.h"
-#include "slm/train/checkpoint.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
@@ -47,7 +47,7 @@ eval::FimModel load_model(const std::string& name, const std::string& recipe_pat
   eval::FimModel m;
   m.name = name;
   m.tokenizer = std::make_shared<data::Tokenizer>(data::Tokenizer::load(tokenizer));
-  engine::infill_tokens(*m.tokenizer);  // throws for a tokenizer without the FIM specials
+  text::infill_tokens(*m.tokenizer);  // throws for a tokenizer without the FIM specials
   const Recipe recipe = load_recipe(recipe_path);
   torch::manual_seed(seed);
   m.model = std::make_shared<model::HybridLM>(recipe);  // on the CPU, so a seed gives the same weights everywhere
@@ -56,9 +56,7 @@ eval::FimModel load_model(const std::string& name, const std::string& recipe_pat
   m.model->to(parse_device(device));
   std::string weights = "RANDOM weights, seed " + std::to_string(seed);
   if (!checkpoint.empty()) {
-    std::string path = checkpoint;
-    if (auto latest = train::latest_checkpoint(path); !latest.empty()) path = latest;  // a run directory
-    weights = model::weights_path(path);
+    weights = model::weights_path(io::resolve_run_dir(checkpoint));
     model::load_weights(*m.model, weights);
   }
   m.description = "recipe " + recipe.name + " (" + recipe_path + "), " + weights + ", tokenizer " + tokenizer;

@@ -10,13 +10,14 @@
 #include "commands.h"
 #include "slm/data/byte_tokenizer.h"
 #include "slm/engine/generation.h"
+#include "slm/io/run_dir.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/sampler.h"
 #include "slm/model/weights.h"
 #include "slm/recipe/ensemble.h"
 #include "slm/server/prepare.h"
 #include "slm/server/specialists.h"
-#include "slm/train/checkpoint.h"
+#include "slm/text/text_generation.h"
 #include "slm/train/evaluate.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
@@ -82,8 +83,7 @@ void report(const std::vector<int64_t>& ids, const engine::GenerationStats& stat
 // One model from its recipe (and checkpoint): the code tokenizer it was trained with, or the byte-level one.
 void generate_single(GenerateOptions o) {
   Recipe r = load_recipe(o.recipe);
-  if (!o.checkpoint.empty())  // a run directory means its latest checkpoint
-    if (auto latest = train::latest_checkpoint(o.checkpoint); !latest.empty()) o.checkpoint = latest;
+  if (!o.checkpoint.empty()) o.checkpoint = io::resolve_run_dir(o.checkpoint);
   const torch::Device device = parse_device(o.device);
   std::string tokenizer = o.tokenizer;
   if (tokenizer.empty() && !o.checkpoint.empty()) tokenizer = train::checkpoint_tokenizer(o.checkpoint);
@@ -112,10 +112,10 @@ void generate_single(GenerateOptions o) {
   engine::GenerationStats stats;
   if (!bytes) {
     auto tok = data::Tokenizer::load(tokenizer);
-    ids = engine::generate_text(m, tok, o.prompt, go, print_text, &stats);
+    ids = text::generate_text(m, tok, o.prompt, go, print_text, &stats);
   } else {
     data::ByteTokenizer tok;
-    ids = engine::generate_byte_text(
+    ids = text::generate_byte_text(
         m, o.prompt, go, o.stop_at_eos, [&](int64_t id) { std::cout << tok.display(id) << std::flush; }, &stats);
   }
   report(ids, stats, o.device);
@@ -166,7 +166,7 @@ void generate_with_ensemble(const GenerateOptions& o) {
   std::vector<int64_t> ids;
   {
     std::lock_guard turn(*sp.model.in_use);  // the model is shared with the specialist's (idle) engine
-    ids = engine::generate_text(*sp.model.model, *sp.tokenizer, o.prompt, generation_options(o), print_text, &stats);
+    ids = text::generate_text(*sp.model.model, *sp.tokenizer, o.prompt, generation_options(o), print_text, &stats);
   }
   report(ids, stats, o.device);
 }

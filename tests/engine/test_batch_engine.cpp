@@ -300,7 +300,7 @@ torch::Tensor whole_prefill_logits(model::HybridLM& m, const std::vector<int64_t
       .to(torch::kFloat);
 }
 
-// An editor's keystrokes (engine/infill_prompt.h's SPM order: only the prompt's tail changes): request A keeps its
+// An editor's keystrokes (text/infill_prompt.h's SPM order: only the prompt's tail changes): request A keeps its
 // state at a cache point 3 tokens before its end (and at one inside its first chunk, as the end of the extra
 // context), request B shares those 18 tokens and then differs. B restores exactly those 18 tokens, which only a cache
 // point offers on a recurrent model (the chunk boundary before them is 16), and its logits and tokens are those of
@@ -450,6 +450,45 @@ TEST(BatchEngine, MlaModelsTakeTheOneAtATimeEngine) {
     EXPECT_EQ(r.cached_tokens, 0);
     EXPECT_EQ(s.tokens, test::greedy_reference(*m, prompt_of(5, 1), 4, {}, {}));
   }
+}
+
+// The engine asks the model what its decode can do (HybridLM::decode_support); each refusal names its cause, and a
+// stage change (DSA warm-up) or the Engram placement is seen on the next question.
+TEST(BatchEngine, TheModelSaysWhatItsDecodeSupports) {
+#ifdef SLM_WITH_CUDA
+  const std::string graph_at_32 = "";
+#else
+  // Without CUDA no head dim has a decode kernel: the first attention layer (layer 0, without DSA) refuses graphs.
+  const std::string graph_at_32 =
+      "attention head dim 32 has no CUDA decode kernel (32, 64, 128, 256), and its reference reads the lengths on the "
+      "host";
+#endif
+  auto j = hybrid_json();
+  j["attention"]["head_dim"] = 32;  // a head dim the CUDA decode kernel has
+  j["attention"]["dsa_enabled"] = true;  // on layer 4
+  auto m = hybrid_model(18, j);
+  EXPECT_EQ(m->decode_support().batched_rows, "");
+  EXPECT_EQ(m->decode_support().cuda_graph, graph_at_32);
+  m->set_dsa_stage(model::DsaStage::Warmup);
+  EXPECT_EQ(m->decode_support().batched_rows,
+            "DSA attention in its dense warm-up stage reads its cache by the host's length");
+  EXPECT_NE(m->decode_support().cuda_graph, "");
+  m->set_dsa_stage(model::DsaStage::Sparse);
+  EXPECT_EQ(m->decode_support().batched_rows, "");
+  EXPECT_EQ(m->decode_support().cuda_graph, graph_at_32);
+  m->set_engram_host_resident(true);  // the model's own refusal comes before its layers'
+  EXPECT_EQ(m->decode_support().cuda_graph, "Engram tables in host memory are gathered on the host");
+  EXPECT_EQ(m->decode_support().batched_rows, "");
+
+  j["attention"]["head_dim"] = 24;  // no CUDA decode kernel in any build: graphs only are refused
+  j["attention"]["dsa_enabled"] = false;
+  auto odd = hybrid_model(18, j);
+  EXPECT_NE(odd->decode_support().cuda_graph.find("head dim 24 has no CUDA decode kernel"), std::string::npos);
+  EXPECT_EQ(odd->decode_support().batched_rows, "");
+
+  auto mla = hybrid_model(18, hybrid_json(/*mla=*/true));
+  for (const auto& why : {mla->decode_support().batched_rows, mla->decode_support().cuda_graph})
+    EXPECT_NE(why.find("MLA attention reads its cache by the host's length"), std::string::npos) << why;
 }
 
 // On the GPU each batch size replays its own CUDA graph, DSA, Engram and mHC included; every request still gets

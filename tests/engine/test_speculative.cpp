@@ -11,6 +11,7 @@
 
 #include "engine/engine_test_util.h"
 #include "slm/engine/generation.h"
+#include "slm/text/text_generation.h"
 
 namespace slm::engine {
 namespace {
@@ -105,7 +106,7 @@ TEST(Speculative, TextStopsWhereThePlainTextStops) {
     auto with = o;
     with.speculative = speculative;
     std::string text;
-    generate_text(m, test::code512(), "int main() {", with, [&](const std::string& t) { text += t; });
+    text::generate_text(m, test::code512(), "int main() {", with, [&](const std::string& t) { text += t; });
     return text;
   };
   const std::string whole = text_of(0);

@@ -1,5 +1,5 @@
 // The generating completion sources: the in-process model through the batching engine against the model's own
-// one-sequence loop (engine::generate_text / generate_byte_text), and a running `slm serve` (in-process, on a free
+// one-sequence loop (text::generate_text / generate_byte_text), and a running `slm serve` (in-process, on a free
 // loopback port) over HTTP against the in-process source, through the harness; errors of a dead or refusing server.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
@@ -24,6 +24,7 @@
 #include "slm/eval/server_completions.h"
 #include "slm/eval/stop.h"
 #include "slm/server/http_server.h"
+#include "slm/text/text_generation.h"
 
 namespace slm::eval {
 namespace {
@@ -89,9 +90,9 @@ std::string sequential(model::HybridLM& m, const data::Tokenizer* tok, const Pro
   o.stop_texts = p.stop_tokens;
   std::string text;
   if (tok)
-    engine::generate_text(m, *tok, p.prompt, o, [&](const std::string& t) { text += t; });
+    text::generate_text(m, *tok, p.prompt, o, [&](const std::string& t) { text += t; });
   else
-    engine::generate_byte_text(m, p.prompt, o, /*stop_at_eos=*/true, [&](int64_t id) {
+    text::generate_byte_text(m, p.prompt, o, /*stop_at_eos=*/true, [&](int64_t id) {
       if (id < 256) text += static_cast<char>(id);
     });
   return text;

@@ -112,6 +112,18 @@ TEST(HybridLM, EngramAndMhcParametersMatchAccountingByNameAndShape) {
   expect_params_match_accounting(parse(j), kMeta);
 }
 
+// A letter added to the table without a layer class fails here, not when a recipe first uses it.
+TEST(HybridLM, EveryLetterOfTheTableHasOneLayerClass) {
+  const std::map<char, std::string> classes = {
+      {'A', "AttentionLayer"}, {'E', "MoELayer"}, {'F', "MLPLayer"}, {'M', "Mamba3Layer"}, {'R', "M2RNNLayer"}};
+  ASSERT_EQ(pattern_letters().size(), classes.size());
+  for (const auto& row : pattern_letters()) {
+    ASSERT_TRUE(classes.contains(row.letter)) << row.letter;
+    EXPECT_EQ(model::layer_kind(row.family).class_name, classes.at(row.letter)) << row.letter;
+  }
+  EXPECT_EQ(model::layer_kinds().size(), classes.size());
+}
+
 TEST(HybridLM, EveryShippedRecipeBuildsEachLayerAsItsLettersClass) {
   single_threaded();
   int built = 0;

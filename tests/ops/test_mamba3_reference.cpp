@@ -1,5 +1,5 @@
-// Mamba-3 against loops written here from the spec (shared/reference/mamba3_dsa_m2rnn.md §1.4-1.6, the
-// formulas of mamba3_scan.h), in float64 scalars: MIMO rank 2 with 2 B/C groups, partial rotation on the official
+// Mamba-3 against loops written here from the paper (arXiv 2603.15569) as mamba3_scan.h writes its formulas, in
+// float64 scalars: MIMO rank 2 with 2 B/C groups, partial rotation on the official
 // MIMO pairs, non-zero B/C biases and a mid-sequence state, from the raw in_proj outputs through the gate; and
 // the heads-to-groups mapping of B/C on its own.
 #include <gtest/gtest.h>

@@ -46,6 +46,29 @@ TEST(Ownership, EachLetterHasItsFamily) {
   EXPECT_THROW(family_of('C'), Error);
 }
 
+// The letter table against the product documents' letters, written out here: each row's family, its recipe section
+// (whether `configured` sees exactly that section) and its place in the message that lists the known letters.
+TEST(Ownership, TheLetterTableNamesEachLettersSectionAndNoOther) {
+  const std::vector<std::pair<char, std::string>> expected = {
+      {'A', "attention"}, {'E', "moe"}, {'M', "mamba3"}, {'R', "m2rnn"}, {'F', "mlp"}};
+  ASSERT_EQ(pattern_letters().size(), expected.size());
+  auto j = base_recipe();
+  j["mlp"] = {{"hidden", 8}};
+  for (const auto& [letter, section] : expected) {
+    const PatternLetter& row = pattern_letter(letter);
+    EXPECT_EQ(row.name, section);
+    EXPECT_EQ(&pattern_letter(row.family), &row) << letter;
+    EXPECT_TRUE(row.configured(parse(j))) << letter;
+    auto without = j;
+    without.erase(section);
+    without["pattern"] = letter == 'A' ? "M" : "A";  // a stack that does not need the removed section
+    EXPECT_FALSE(row.configured(parse(without))) << letter;
+    EXPECT_NE(std::string(known_letters_text()).find(std::string(1, letter) + " ("), std::string::npos) << letter;
+  }
+  EXPECT_EQ(find_pattern_letter('C'), nullptr);  // reserved by the product documents, not built
+  EXPECT_THROW(pattern_letter('x'), Error);
+}
+
 TEST(Placement, WindowPatternTilesOverAttentionLayersAndLastIsFull) {
   auto j = base_recipe();
   j["depth"] = 24;  // A layers at 0,4,...,20: six of them

@@ -3,7 +3,8 @@
 // response fields they read (flattened response_fields as llama.cpp's json_get_nested_values); n_indent and
 // t_max_predict_ms as llama.cpp's server applies them (process_token), on a scripted engine whose text and timing the
 // test sets; the budget (an over-long request trimmed, never refused); the prefix cache while a user types a line on
-// a tiny hybrid model; which specialist answers; malformed requests; and the README's curl line, run as it stands.
+// a tiny hybrid model; which specialist answers; malformed requests; the README's curl line, run as it stands; and
+// POST /completion, as Continue's llama.cpp provider sends it.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
@@ -162,6 +163,18 @@ class Infill : public testing::Test {
   static inline Server* server_ = nullptr;
   static inline int port_ = 0;
 };
+
+// The events of a llama.cpp stream, each line `data: {...}` (a line of another form fails the test).
+std::vector<Json> sse_events(const std::string& body) {
+  std::vector<Json> events;
+  std::istringstream lines(body);
+  for (std::string l; std::getline(lines, l);) {
+    if (l.empty()) continue;
+    EXPECT_EQ(l.rfind("data: ", 0), 0u) << l;
+    if (l.rfind("data: ", 0) == 0) events.push_back(Json::parse(l.substr(6)));
+  }
+  return events;
+}
 
 // A C++ file around the cursor, the way llama.vim cuts it: the lines before the cursor's line (joined by "\n", with
 // the newline that ends the last), the cursor's line up to the cursor, and the rest.
@@ -475,13 +488,7 @@ TEST_F(Infill, StreamAsLlamaCpp) {
   EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
   EXPECT_EQ(r->body.find("[DONE]"), std::string::npos);
   std::string text;
-  std::vector<Json> events;
-  std::istringstream lines(r->body);
-  for (std::string l; std::getline(lines, l);) {
-    if (l.empty()) continue;
-    ASSERT_EQ(l.rfind("data: ", 0), 0u) << l;
-    events.push_back(Json::parse(l.substr(6)));
-  }
+  const std::vector<Json> events = sse_events(r->body);
   ASSERT_GE(events.size(), 2u);
   for (size_t i = 0; i + 1 < events.size(); ++i) {
     EXPECT_EQ(events[i]["stop"], false);
@@ -557,6 +564,106 @@ TEST_F(Infill, MalformedRequests) {
       EXPECT_TRUE(j["error"]["param"].is_null()) << c.body << " -> " << r->body;
     else
       EXPECT_EQ(j["error"]["param"], c.param) << c.body << " -> " << r->body;
+  }
+}
+
+// llama.cpp's POST /completion as Continue's llama.cpp provider sends it (core/llm/llms/LlamaCpp.ts at 0c38ecf:
+// {prompt, stream: true, ..._convertArgs}, every option set; JSON.stringify drops the unset ones, min_p and mirostat
+// here) and reads it (streamSse, yielding each event's `content`): the text arrives in `data:` events, the engine gets
+// the completion template's ids (<|bos|> 2, then the prompt's pieces) and the request's limits and sampling.
+TEST_F(Infill, CompletionAsContinueSendsIt) {
+  auto& e = script(spell("return a + b;\n}"));
+  const Json request = Json::parse(R"({
+    "prompt": "int add(int a, int b) {\n  ",
+    "stream": true,
+    "n_predict": 48,
+    "frequency_penalty": 0.5,
+    "presence_penalty": 0.25,
+    "stop": ["\n}"],
+    "top_k": 20,
+    "top_p": 0.9,
+    "temperature": 0.3,
+    "model": "scripted"
+  })");
+  auto r = post("/completion", request.dump());
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  std::string text;
+  const std::vector<Json> events = sse_events(r->body);
+  for (const auto& ev : events)
+    if (ev["stop"] == false) text += ev["content"].get<std::string>();
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(text, "return a + b;");  // cut before the stop string, as llama.cpp's stop words do
+  EXPECT_EQ(events.back()["stop"], true);
+  EXPECT_EQ(events.back()["stop_type"], "word");
+  EXPECT_EQ(events.back()["stopping_word"], "\n}");
+  const engine::Request sent = e.last();
+  std::vector<int64_t> expected = {2};
+  for (uint32_t id : test::code512().encode("int add(int a, int b) {\n  ")) expected.push_back(id);
+  EXPECT_EQ(sent.prompt, expected);
+  EXPECT_EQ(sent.max_tokens, 48);
+  EXPECT_EQ(sent.sampling.top_k, 20);
+  EXPECT_DOUBLE_EQ(sent.sampling.top_p, 0.9);
+  EXPECT_DOUBLE_EQ(sent.sampling.temperature, 0.3);
+  EXPECT_DOUBLE_EQ(sent.sampling.frequency_penalty, 0.5);
+  EXPECT_DOUBLE_EQ(sent.sampling.presence_penalty, 0.25);
+  EXPECT_EQ(events.back()["tokens_evaluated"], static_cast<int64_t>(expected.size()));
+}
+
+// The three forms of a prompt give the same ids, so the same greedy answer on the hybrid: a string (<|bos|> first), a
+// list of token ids (taken as they are), and a list mixing both (<|bos|> before a leading string); /completions is
+// the same endpoint.
+TEST_F(Infill, CompletionPromptForms) {
+  const std::string prompt = "for (int i = 0; i < n; ++i) {";
+  Json ids = Json::array({2});
+  for (uint32_t id : test::code512().encode(prompt)) ids.push_back(id);
+  Json mixed = Json::array({"for (int i = 0; "});
+  for (uint32_t id : test::code512().encode("i < n; ++i) {")) mixed.push_back(id);
+  const Json base = {{"n_predict", 6}, {"temperature", 0.0}, {"model", "cpp-uncached"}};
+  auto ask = [&](const std::string& path, const Json& p) {
+    Json body = base;
+    body["prompt"] = p;
+    return post_ok(path, body);
+  };
+  const Json a = ask("/completion", prompt);
+  EXPECT_EQ(a["tokens_evaluated"], static_cast<int64_t>(ids.size()));
+  EXPECT_EQ(a["tokens_predicted"], 6);
+  EXPECT_EQ(a["model"], "cpp-uncached");
+  EXPECT_EQ(a["stop_type"], "limit");
+  EXPECT_NE(a["prompt"].get<std::string>().find(prompt), std::string::npos);
+  EXPECT_EQ(ask("/completion", ids)["content"], a["content"]);
+  // The mixed list's pieces tokenize on their own, so its ids may differ from the whole string's: the answer is
+  // compared with the same ids sent as a list.
+  Json mixed_ids = Json::array({2});
+  for (uint32_t id : test::code512().encode("for (int i = 0; ")) mixed_ids.push_back(id);
+  for (size_t i = 1; i < mixed.size(); ++i) mixed_ids.push_back(mixed[i]);
+  const Json m = ask("/completions", mixed);
+  EXPECT_EQ(m["tokens_evaluated"], static_cast<int64_t>(mixed_ids.size()));
+  EXPECT_EQ(ask("/completion", mixed_ids)["content"], m["content"]);
+}
+
+TEST_F(Infill, CompletionMalformedRequests) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"model": "scripted"})", "prompt"},
+      {R"({"prompt": 5, "model": "scripted"})", "prompt"},
+      {R"({"prompt": {"text": "a"}, "model": "scripted"})", "prompt"},
+      {R"({"prompt": ["a", "b"], "model": "scripted"})", "prompt"},  // two prompts: llama.cpp answers a list
+      {R"({"prompt": [2, 1.5], "model": "scripted"})", "prompt[1]"},
+      {R"({"prompt": [2, 600], "model": "scripted"})", "prompt[1]"},  // past code512's 512 ids
+      {R"({"prompt": [], "model": "scripted"})", "prompt"},
+      {R"({"prompt": "a", "n_predict": 512, "model": "scripted"})", "prompt"},  // no room left in 512
+      {R"({"prompt": "a", "n_probs": 3, "model": "scripted"})", "n_probs"},
+      {R"({"prompt": "a", "temperature": 9, "model": "scripted"})", "temperature"},
+  };
+  script(spell("x"));
+  for (const auto& [body, param] : cases) {
+    auto r = post("/completion", body);
+    ASSERT_TRUE(r) << body;
+    EXPECT_EQ(r->status, 400) << body << " -> " << r->body;
+    const Json j = Json::parse(r->body, nullptr, false);
+    ASSERT_TRUE(j.is_object() && j.contains("error")) << r->body;
+    EXPECT_EQ(j["error"]["param"], param) << body << " -> " << r->body;
   }
 }
 

@@ -270,7 +270,7 @@ TEST_F(Prepare, ConversationsTheTemplateRefusesAre400) {
   expect_refused([&] { prepare_generation(*duo_, empty, 16); }, 400, "messages must hold at least one message",
                  "messages", "invalid_value");
   GenerationRequest narrator = chat("alpha", "hi");
-  narrator.messages.insert(narrator.messages.begin(), engine::ChatMessage{"narrator", "once upon a time"});
+  narrator.messages.insert(narrator.messages.begin(), text::ChatMessage{"narrator", "once upon a time"});
   expect_refused([&] { prepare_generation(*duo_, narrator, 16); }, 400,
                  "messages[0].role: unknown role \"narrator\" (system, developer, user, assistant, tool)", "messages",
                  "invalid_value");

@@ -319,5 +319,32 @@ TEST(ServerAuth, ApiKeyGuardsEverythingButHealthAndThePage) {
   EXPECT_EQ(second->status, 200) << second->body;
 }
 
+// Ollama's clients print the "error" string they get: what is refused under /api/ before its handler runs (the key,
+// an unknown path, a wrong method) is {"error": "..."} too, and OpenAI's object stays everywhere else. It was
+// OpenAI's object on these paths before.
+TEST(ServerAuth, OllamaPathsAreRefusedInOllamasShape) {
+  ServerOptions so;
+  so.api_key = "s3cret";
+  SoloServer s({}, so);
+  const httplib::Headers key = {{"Authorization", "Bearer s3cret"}};
+  httplib::Client c("127.0.0.1", s.port);
+  c.set_read_timeout(60);
+  auto ollama_error = [](const httplib::Result& res, int status, const std::string& what) {
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, status) << res->body;
+    const Json j = Json::parse(res->body);
+    ASSERT_TRUE(j.is_object() && j.size() == 1 && j["error"].is_string()) << res->body;
+    EXPECT_NE(j["error"].get<std::string>().find(what), std::string::npos) << res->body;
+  };
+  ollama_error(c.Get("/api/tags"), 401, "missing or wrong API key");
+  ollama_error(c.Post("/api/chat", R"({"model": "solo", "messages": []})", "application/json"), 401,
+               "missing or wrong API key");
+  ollama_error(c.Get("/api/nothing", key), 404, "no such endpoint: GET /api/nothing");
+  ollama_error(c.Get("/api/chat", key), 405, "method not allowed (use POST)");
+  auto openai = c.Get("/v1/nothing", key);
+  ASSERT_TRUE(openai);
+  test::expect_error(openai->status, openai->body, 404, "", "", "no such endpoint: GET /v1/nothing");
+}
+
 }  // namespace
 }  // namespace slm::server

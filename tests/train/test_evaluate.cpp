@@ -10,6 +10,7 @@
 #include "slm/data/loader.h"
 #include "slm/data/shards.h"
 #include "slm/data/tokenizer.h"
+#include "slm/io/run_dir.h"
 #include "slm/io/safetensors.h"
 #include "slm/model/weights.h"
 #include "slm/quant/nvfp4.h"
@@ -98,7 +99,7 @@ TEST_F(EvalFixture, CheckpointScoresEqualTheTrainersValidation) {
   // loaded from the checkpoint's weights file, NLL by a float64 loop and bytes from the tokenizer.
   auto tok = data::Tokenizer::load(source_path(kTokenizer));
   model::HybridLM m(load_recipe(recipe));
-  model::load_weights(m, train::latest_checkpoint(c.out) + "/model.safetensors");
+  model::load_weights(m, io::latest_checkpoint(c.out) + "/model.safetensors");
   m.eval();
   torch::NoGradGuard no_grad;
   data::LoaderOptions lo;
@@ -148,7 +149,7 @@ TEST_F(EvalFixture, CheckpointScoresEqualTheTrainersValidation) {
 TEST_F(EvalFixture, Nvfp4CheckpointScoresLikeItsDequantizedTwinAndCloseToTheDenseModel) {
   auto c = config("run", 60);
   train::Trainer(c, log).run();
-  const std::string dense = train::latest_checkpoint(c.out) + "/model.safetensors";
+  const std::string dense = io::latest_checkpoint(c.out) + "/model.safetensors";
   const std::string q = dir + "/nvfp4.safetensors";
   auto report = nvfp4::quantize_checkpoint(dense, q, load_recipe(recipe), {});
   ASSERT_GT(report.total.quantized, 0);
@@ -215,7 +216,7 @@ TEST_F(EvalFixture, BadInputsAreClearErrors) {
   expect_in(error(req), dir + "/missing: no such checkpoint");
 
   // A weights file does not know its recipe.
-  req.checkpoint = train::latest_checkpoint(c.out) + "/model.safetensors";
+  req.checkpoint = io::latest_checkpoint(c.out) + "/model.safetensors";
   req.data = data;
   expect_in(error(req), "--recipe");
 

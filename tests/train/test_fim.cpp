@@ -196,7 +196,7 @@ TEST(Fim, AContextGraphBecomesTheInfillPromptsRepositoryLayoutTokenByToken) {
   EXPECT_EQ(
       data::fim_repository_example(tokenizer(), doc, 19, 36, data::FimOrder::Psm),
       expect(Ids().id(s.pre).text("int twice(int x) { ").id(s.suf).text(" }\n").id(s.mid).text("return add(x, x);").v));
-  // The same text as the server's infill prompt for this request writes it (engine/infill_prompt.h), as names.
+  // The same text as the server's infill prompt for this request writes it (text/infill_prompt.h), as names.
   EXPECT_EQ(
       text_of(data::fim_repository_example(tokenizer(), doc, 19, 36, data::FimOrder::Spm)),
       "<|file_sep|>src/main.cc\nint main() { return twice(2); }\n"

@@ -11,6 +11,7 @@
 #include "model/model_test_util.h"
 #include "slm/data/loader.h"
 #include "slm/data/tokenizer.h"
+#include "slm/io/run_dir.h"
 #include "slm/model/weights.h"
 #include "slm/quant/nvfp4.h"
 #include "slm/quant/nvfp4_store.h"
@@ -74,8 +75,8 @@ TEST_F(TrainerFixture, ResumeIsBitwiseIdenticalToAnUninterruptedRun) {
   ASSERT_EQ(la.size(), 12u);
   ASSERT_EQ(lb.size(), 12u);
   for (const auto& [step, loss] : la) EXPECT_EQ(lb.at(step), loss) << "step " << step;
-  auto wa = safetensors::load(train::latest_checkpoint(a.out) + "/model.safetensors").tensors;
-  auto wb = safetensors::load(train::latest_checkpoint(b.out) + "/model.safetensors").tensors;
+  auto wa = safetensors::load(io::latest_checkpoint(a.out) + "/model.safetensors").tensors;
+  auto wb = safetensors::load(io::latest_checkpoint(b.out) + "/model.safetensors").tensors;
   for (const auto& [name, t] : wa) EXPECT_TRUE(torch::equal(t, wb.at(name))) << name;
 }
 
@@ -86,7 +87,7 @@ TEST_F(TrainerFixture, KeepsTheLastCheckpointsAndPointsLatestAtTheNewest) {
   ASSERT_EQ(all.size(), 2u);
   EXPECT_EQ(all[0], c.out + "/ckpt-00000008");
   EXPECT_EQ(all[1], c.out + "/ckpt-00000012");
-  EXPECT_EQ(train::latest_checkpoint(c.out), all[1]);
+  EXPECT_EQ(io::latest_checkpoint(c.out), all[1]);
   auto meta = train::load_checkpoint(c.out).meta;
   EXPECT_EQ(meta["step"], 12);
   EXPECT_EQ(meta["tokens_seen"], 12 * 4 * 24);
@@ -111,7 +112,7 @@ TEST_F(TrainerFixture, InitStartsFromAnotherRunsWeightsWithAFreshOptimizer) {
   base.steps = 40;
   base.checkpoint_every = 0;
   train::Trainer(base, log).run();
-  const auto base_weights = safetensors::load(train::latest_checkpoint(base.out) + "/model.safetensors").tensors;
+  const auto base_weights = safetensors::load(io::latest_checkpoint(base.out) + "/model.safetensors").tensors;
 
   auto branch = config("branch");
   branch.init = base.out;
@@ -128,7 +129,7 @@ TEST_F(TrainerFixture, InitStartsFromAnotherRunsWeightsWithAFreshOptimizer) {
     if (name.rfind("rng/", 0) != 0) {
       EXPECT_EQ(m.abs().max().item<double>(), 0.0) << name << " must start at zero";
     }
-  EXPECT_NE(log.str().find("weights: initialised from " + train::latest_checkpoint(base.out)), std::string::npos);
+  EXPECT_NE(log.str().find("weights: initialised from " + io::latest_checkpoint(base.out)), std::string::npos);
   t.run();
   // The base had learnt the counting data: the branch's first loss is far below a fresh model's log(48).
   EXPECT_LT(train_losses(branch.out).at(1), 0.6 * std::log(48.0));
@@ -141,7 +142,7 @@ TEST_F(TrainerFixture, InitFromAnNvfp4WeightsFileStartsFromItsDequantizedWeights
   base.steps = 2;
   train::Trainer(base, log).run();
   const std::string q = dir + "/base.nvfp4.safetensors";
-  nvfp4::quantize_checkpoint(train::latest_checkpoint(base.out) + "/model.safetensors", q, load_recipe(recipe), {});
+  nvfp4::quantize_checkpoint(io::latest_checkpoint(base.out) + "/model.safetensors", q, load_recipe(recipe), {});
   const auto file = nvfp4::load_checkpoint(q);
   ASSERT_GT(file.quantized.size(), 3u);
 
@@ -173,7 +174,7 @@ TEST_F(TrainerFixture, InitFromAnotherRecipeNamesTheTensor) {
     EXPECT_NE(std::string(e.what()).find("embed.weight"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("wrong shape"), std::string::npos) << e.what();
   }
-  EXPECT_TRUE(train::latest_checkpoint(branch.out).empty()) << "a refused run writes no checkpoint";
+  EXPECT_TRUE(io::latest_checkpoint(branch.out).empty()) << "a refused run writes no checkpoint";
 }
 
 // Damaged checkpoints: the error names the file (and the tensor), and nothing in the run directory changes.
@@ -184,7 +185,7 @@ struct DamagedCheckpoint : TrainerFixture {
     c.steps = 4;
     train::Trainer(c, log).run();
     run = c.out;
-    ckpt = train::latest_checkpoint(run);
+    ckpt = io::latest_checkpoint(run);
   }
   std::map<std::string, std::string> snapshot() {
     std::map<std::string, std::string> out;
@@ -349,7 +350,7 @@ TEST_F(TrainerFixture, EveryFeatureRecipeTrainsAndDecodes) {
   for (const auto& j : read_metrics(c.out)) EXPECT_FALSE(j.value("skipped", false)) << j.dump();
 
   model::HybridLM m(load_recipe(c.recipe));
-  model::load_weights(m, model::weights_path(train::latest_checkpoint(c.out)));
+  model::load_weights(m, model::weights_path(io::latest_checkpoint(c.out)));
   m.eval();
   auto tokens = random_tokens(1, 24, 48, 3);
   torch::NoGradGuard no_grad;
@@ -576,7 +577,7 @@ TEST_F(TrainerFixture, PlainShardsTrainWithAHeldOutTail) {
   for (const auto& j : read_metrics(c.out))
     if (j.contains("eval")) logged = j["eval"]["data"]["loss"].get<double>();
   model::HybridLM m(parse(micro_hybrid_json()));
-  model::load_weights(m, model::weights_path(train::latest_checkpoint(c.out)));
+  model::load_weights(m, model::weights_path(io::latest_checkpoint(c.out)));
   const auto scores = train::evaluate_model(m, {{"data", {shard->path()}, 1.0, cut}}, {c.batch, c.seq_len, 1},
                                             torch::Tensor(), torch::kCPU);
   EXPECT_NEAR(scores.at("data").loss, logged, 1e-9);
@@ -630,7 +631,7 @@ TEST(TrainCliPlainShards, ShardThenTrainWithoutOutOrValidation) {
   EXPECT_NE(r.out.find("no --out given: the run goes to out/runs/tiny-hybrid\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("data: domain 'data' has no validation split: its last "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("eval step 2: data loss"), std::string::npos) << r.out;
-  EXPECT_FALSE(train::latest_checkpoint(cwd + "/out/runs/tiny-hybrid").empty());
+  EXPECT_FALSE(io::latest_checkpoint(cwd + "/out/runs/tiny-hybrid").empty());
   r = run_slm(train, std::nullopt, cwd);
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("the run goes to out/runs/tiny-hybrid-2\n"), std::string::npos) << r.out;

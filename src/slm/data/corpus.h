@@ -1,5 +1,5 @@
 #pragma once
-// Domain corpora from local sources (Debian packages on this machine; see ../shared/reference/local_data.md):
+// Domain corpora from local sources (Debian packages on this machine; docs/data.md has what each domain draws on):
 // collect files per domain, attach package/path/license/domain, drop binary and oversized files, remove exact
 // and near duplicates within and across domains, remove documents that overlap the evaluation problems, split
 // train/validation/test by a hash of the source file, and write <out>/<domain>/<split>.jsonl plus report.json.

@@ -14,7 +14,7 @@
 // SPM is the paper's variant 2 (its section 3 and appendix; the one bigcode's Megatron-LM and Code Llama train):
 // P and M are adjacent after <|fim_middle|>, so an infill prompt ends with the prefix and the model continues it
 // with the middle, and a user typing at the cursor only changes the prompt's tail (the cache keeps the suffix).
-// This is not llama.cpp's --spm-infill layout (<SUF> S <PRE> P <MID>); engine/infill_prompt.h builds ours.
+// This is not llama.cpp's --spm-infill layout (<SUF> S <PRE> P <MID>); text/infill_prompt.h builds ours.
 //
 // Characters: the text is cut between UTF-8 code points (a byte that is not valid UTF-8 counts as one character)
 // and control tokens inside a document (context-graph markers) are characters of their own, kept as their ids.
@@ -28,7 +28,7 @@
 // Repository-level examples. A fragment of a context-graph document (data/graph_docs.h: <|callers|> (<|file|> piece)*
 // <|target|> <|file|> piece <|callees|> (<|file|> piece)*, a piece being "path:line\n" + a definition + "\n") that
 // holds its target's <|target|> <|file|> and the target's whole path line becomes the layout the server's infill
-// prompt gives an editor's request with input_extra (engine/infill_prompt.h), the document's other functions as the
+// prompt gives an editor's request with input_extra (text/infill_prompt.h), the document's other functions as the
 // other files:
 //
 //   PSM:  <|bos|>? F <|fim_prefix|> P <|fim_suffix|> S <|fim_middle|> M <|eos|>?

@@ -28,7 +28,7 @@ const std::vector<std::string>& tokenizer_control_symbols() {
         "<|callers|>", "<|target|>", "<|callees|>", "<|file|>",
         // routing label of a request (the router's data)
         "<|domain|>",
-        // repository-level layout (data/fim.h, engine/infill_prompt.h): <|file_sep|> path\n text per file;
+        // repository-level layout (data/fim.h, text/infill_prompt.h): <|file_sep|> path\n text per file;
         // <|repo_name|> name\n before them (Qwen2.5-Coder's layout; not used yet). They were <|reserved_0|> and
         // <|reserved_1|>: Tokenizer::from_serialized gives older models these names at the same ids.
         "<|file_sep|>", "<|repo_name|>"};

@@ -13,21 +13,11 @@
 #include "slm/engine/graph_decoder.h"
 #include "slm/engine/queued_engine.h"
 #include "slm/model/hybrid_lm.h"
-#include "slm/model/layers/attention.h"
 #include "slm/model/sampler.h"
 
 namespace slm::engine {
 
-std::string batch_decode_blocker(const model::HybridLM& m) {
-  for (const auto& l : m.layers()) {
-    if (auto* a = dynamic_cast<const model::AttentionLayer*>(l.get())) {
-      if (a->mla) return "MLA attention reads its cache by the host's length";
-      if (a->indexer() && a->indexer()->stage == model::DsaStage::Warmup)
-        return "DSA attention in its dense warm-up stage reads its cache by the host's length";
-    }
-  }
-  return "";
-}
+std::string batch_decode_blocker(const model::HybridLM& m) { return m.decode_support().batched_rows; }
 
 namespace {
 

@@ -1,9 +1,9 @@
 #pragma once
 // The in-process generation engine the server (and `slm chat`) talk to: requests of token ids in, tokens out
 // through a callback as they are produced, cancellation at any time. The interface is deliberately narrow (ids,
-// sampling options, limits, callbacks) so that the implementation behind it can change — today one worker thread
-// per model running the model's cached decode loop (decode_engine.h); later continuous batching and CUDA graphs —
-// without touching its callers. Text (tokenizer, chat template, stop strings) stays outside.
+// sampling options, limits, callbacks) so that the implementation behind it can change — continuous batching with
+// CUDA graph decode steps (batch_engine.h), or one request at a time where the model refuses batched rows
+// (decode_engine.h) — without touching its callers. Text (tokenizer, chat template, stop strings) stays outside.
 #include <cstdint>
 #include <functional>
 #include <string>

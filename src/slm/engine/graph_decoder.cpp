@@ -3,8 +3,6 @@
 #include <torch/torch.h>
 
 #include "slm/model/hybrid_lm.h"
-#include "slm/model/layers/attention.h"
-#include "slm/ops/decode_attention.h"
 #include "slm/util/error.h"
 
 #ifdef SLM_WITH_CUDA
@@ -24,23 +22,7 @@ std::string graph_decode_blocker(const model::HybridLM& m, const model::DecodeSt
 #else
   if (!m.embed->weight.is_cuda()) return "the model is on the CPU";
   if (state.max_rollback > 0) return "the state keeps rollback history (max_rollback > 0)";
-  // Engram rows are gathered on the device, except from tables kept in host memory (set_engram_host_resident).
-  for (const auto& e : m.engram_layers())
-    if (e && e->host_resident()) return "Engram tables in host memory are gathered on the host";
-  for (const auto& l : m.layers()) {
-    if (auto* a = dynamic_cast<const model::AttentionLayer*>(l.get())) {
-      if (a->mla) return "MLA attention reads its cache by the host's length";
-      if (a->indexer() && a->indexer()->stage == model::DsaStage::Warmup)
-        return "DSA attention in its dense warm-up stage reads its cache by the host's length";
-      if (!a->indexer() && !ops::decode_attention_has_kernel(a->attn->head_dim))
-        return "attention head dim " + std::to_string(a->attn->head_dim) +
-               " has no CUDA decode kernel (32, 64, 128, 256), and its reference reads the lengths on the host";
-    }
-  }
-  for (auto* moe : m.moe_modules())
-    if (moe->experts->nvfp4() && !(moe->experts->q13_stacked && moe->experts->q2_stacked))
-      return "routed experts with one projection in NVFP4 run per expert, counting on the host";
-  return "";
+  return m.decode_support().cuda_graph;
 #endif
 }
 

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "slm/eval/domain_table.h"
+#include "slm/io/run_dir.h"
 #include "slm/recipe/accounting.h"
 #include "slm/recipe/plan.h"
 #include "slm/recipe/recipe.h"
@@ -191,7 +192,7 @@ std::vector<ArmResult> run_ablations(const AblationPlan& plan, const AblationOpt
     const auto t0 = std::chrono::steady_clock::now();
     int64_t steps = 0;
     {
-      auto trainer = train::latest_checkpoint(cfg.out).empty()
+      auto trainer = io::latest_checkpoint(cfg.out).empty()
                          ? train::Trainer(cfg, log)
                          : train::Trainer::resume(cfg.out, {{"steps", cfg.steps}}, log);
       trainer.run();

@@ -12,6 +12,8 @@
 #include "slm/data/hashing.h"
 #include "slm/engine/generation.h"
 #include "slm/eval/stop.h"
+#include "slm/text/text_generation.h"
+#include "slm/util/edit_distance.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 #include "slm/util/gnuplot.h"
@@ -203,18 +205,7 @@ std::string copy_line_above(const std::string& prefix) {
   return "";
 }
 
-size_t levenshtein(const std::string& a, const std::string& b) {
-  const auto x = code_points(a), y = code_points(b);
-  std::vector<size_t> prev(y.size() + 1), cur(y.size() + 1);
-  for (size_t j = 0; j <= y.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= x.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= y.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (x[i - 1] == y[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[y.size()];
-}
+size_t levenshtein(const std::string& a, const std::string& b) { return edit_distance(code_points(a), code_points(b)); }
 
 double edit_similarity(const std::string& a, const std::string& b) {
   const size_t longest = std::max(code_points(a).size(), code_points(b).size());
@@ -269,8 +260,8 @@ FimContextSource::FimContextSource(const std::vector<HeldOutFile>& files, FimCon
     : files_(files), options_(options) {}
 FimContextSource::~FimContextSource() = default;
 
-std::vector<engine::InfillChunk> FimContextSource::chunks(const FimCase& c, FimContext mode) {
-  std::vector<engine::InfillChunk> out;
+std::vector<text::InfillChunk> FimContextSource::chunks(const FimCase& c, FimContext mode) {
+  std::vector<text::InfillChunk> out;
   const HeldOutFile& current = files_.at(c.file);
   if (mode == FimContext::kNeighbours) {
     std::vector<const HeldOutFile*> others;
@@ -316,7 +307,7 @@ std::vector<engine::InfillChunk> FimContextSource::chunks(const FimCase& c, FimC
   return out;
 }
 
-FimGeneration fim_generate(const FimModel& m, const engine::InfillRequest& request, const FimCase& c,
+FimGeneration fim_generate(const FimModel& m, const text::InfillRequest& request, const FimCase& c,
                            const FimGenerateOptions& o) {
   const FimKind kind = c.kind;
   const auto& tok = *m.tokenizer;
@@ -326,15 +317,15 @@ FimGeneration fim_generate(const FimModel& m, const engine::InfillRequest& reque
   if (context <= max_new + 8)
     throw Error("a context of " + std::to_string(context) + " tokens leaves no room for a prompt beside " +
                 std::to_string(max_new) + " generated tokens");
-  const auto p = engine::build_infill_prompt(request, engine::InfillOrder::Spm, context - max_new, tok);
-  const auto ids = engine::text_ids(&tok, m.model->recipe().vocab_size, "");
+  const auto p = text::build_infill_prompt(request, text::InfillOrder::Spm, context - max_new, tok);
+  const auto ids = text::text_ids(&tok, m.model->recipe().vocab_size, "");
   engine::GenerationOptions go;
   go.max_tokens = max_new;
   go.sampling.temperature = 0;
   go.banned =
       torch::zeros({m.model->recipe().vocab_size}, torch::kBool).index_fill_(0, torch::tensor(ids.banned), true);
   go.stop_id = ids.eos;
-  engine::TextOutput out(&tok, kind == FimKind::kLine ? std::vector<std::string>{"\n"} : c.problem.stop_tokens);
+  text::TextOutput out(&tok, kind == FimKind::kLine ? std::vector<std::string>{"\n"} : c.problem.stop_tokens);
   FimGeneration g;
   engine::generate(*m.model, p.ids, go, [&](int64_t id) {
     g.text += out.push(id);
@@ -421,7 +412,7 @@ FimReport run_fim(const std::vector<HeldOutFile>& files, const std::vector<FimCa
     predictions.push_back(std::move(copy));
     if (progress) progress(++done, total);
     for (FimContext mode : o.contexts) {
-      engine::InfillRequest req;
+      text::InfillRequest req;
       req.extra = context.chunks(c, mode);
       req.prefix = c.prefix;
       req.prompt = c.prompt;

@@ -11,7 +11,7 @@
 //         up to the line of its matching '}'. The bodies are compile-pass's (compile_pass.h cut_function_bodies:
 //         tree-sitter finds the definitions, braces are matched with comments, string, character and raw-string
 //         literals skipped), so a body case can be compiled in place: the file with the prediction as the body.
-// Prompts: engine::build_infill_prompt in SPM order within the model's context, with extra context per mode:
+// Prompts: text::build_infill_prompt in SPM order within the model's context, with extra context per mode:
 //   none:       the current file only;
 //   neighbours: llama.vim-style chunks of other files: the first chunk_lines lines of each other held-out file of
 //               the same package, by path, at most max_chunks of them;
@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "slm/data/tokenizer.h"
-#include "slm/engine/infill_prompt.h"
+#include "slm/text/infill_prompt.h"
 #include "slm/eval/compile_pass.h"
 #include "slm/eval/humaneval.h"
 #include "slm/model/hybrid_lm.h"
@@ -106,7 +106,7 @@ class FimContextSource {
  public:
   FimContextSource(const std::vector<HeldOutFile>& files, FimContextOptions options);
   ~FimContextSource();
-  std::vector<engine::InfillChunk> chunks(const FimCase& c, FimContext mode);
+  std::vector<text::InfillChunk> chunks(const FimCase& c, FimContext mode);
 
  private:
   struct Graph;
@@ -134,7 +134,7 @@ struct FimGeneration {
   int64_t prompt_tokens = 0, extra_kept = 0, extra_dropped = 0;
   bool truncated = false;
 };
-FimGeneration fim_generate(const FimModel& m, const engine::InfillRequest& request, const FimCase& c,
+FimGeneration fim_generate(const FimModel& m, const text::InfillRequest& request, const FimCase& c,
                            const FimGenerateOptions& options);
 
 // The control of the compile check: the body cases whose original body compiles with the judge (a file that does

@@ -8,9 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "slm/engine/generation.h"
+#include "slm/io/run_dir.h"
 #include "slm/model/weights.h"
 #include "slm/recipe/recipe.h"
-#include "slm/train/checkpoint.h"
 #include "slm/train/evaluate.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
@@ -40,7 +40,7 @@ ModelCompletions::ModelCompletions(ModelSpec spec) : spec_(std::move(spec)) {
   const torch::Device device = parse_device(spec_.device);
   if (!spec_.checkpoint.empty()) {
     if (::access(spec_.checkpoint.c_str(), F_OK) != 0) throw Error(spec_.checkpoint + ": no such checkpoint");
-    if (auto latest = train::latest_checkpoint(spec_.checkpoint); !latest.empty()) spec_.checkpoint = latest;
+    spec_.checkpoint = io::resolve_run_dir(spec_.checkpoint);
   }
   if (spec_.checkpoint.empty() && spec_.recipe.empty())
     throw Error("give a checkpoint (--model) or a recipe (--recipe)");
@@ -69,7 +69,7 @@ ModelCompletions::~ModelCompletions() = default;
 
 void ModelCompletions::start(const std::string& weights, const std::string& tokenizer_name) {
   if (spec_.slots < 1) throw Error("--slots must be at least 1 (got " + std::to_string(spec_.slots) + ")");
-  const auto ids = engine::text_ids(tokenizer(), model_->recipe().vocab_size, "");
+  const auto ids = text::text_ids(tokenizer(), model_->recipe().vocab_size, "");
   banned_ = ids.banned;
   eos_ = ids.eos;
   description_ = "model " + model_->recipe().name + " (" + weights + "), tokenizer " + tokenizer_name + ", " +
@@ -94,7 +94,7 @@ void ModelCompletions::complete(const std::vector<Problem>& problems, int n, con
   std::vector<std::vector<int64_t>> prompts;
   int64_t longest = 0;
   for (const auto& p : problems) {
-    prompts.push_back(engine::text_ids(tokenizer(), model_->recipe().vocab_size,
+    prompts.push_back(text::text_ids(tokenizer(), model_->recipe().vocab_size,
                                        prompt_tail(p.prompt, spec_.sampling.max_prompt_bytes))
                           .prompt);
     longest = std::max(longest, static_cast<int64_t>(prompts.back().size()));
@@ -113,14 +113,14 @@ std::string ModelCompletions::generate(engine::Engine& eng, const std::vector<in
   // The engine's thread appends the text and ends the request once it holds a stop sequence (as generate_text
   // stops); this thread waits for the end.
   struct Wait {
-    explicit Wait(engine::TextOutput o) : out(std::move(o)) {}
+    explicit Wait(text::TextOutput o) : out(std::move(o)) {}
     std::mutex mu;
     std::condition_variable cv;
-    engine::TextOutput out;
+    text::TextOutput out;
     std::string text;
     std::optional<engine::Result> result;
   };
-  auto w = std::make_shared<Wait>(engine::TextOutput(tokenizer(), problem.stop_tokens));
+  auto w = std::make_shared<Wait>(text::TextOutput(tokenizer(), problem.stop_tokens));
   auto id = std::make_shared<std::atomic<engine::RequestId>>(0);
   auto submitted = std::make_shared<std::atomic<bool>>(false);
   engine::Callbacks cb;

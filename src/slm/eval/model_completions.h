@@ -1,9 +1,9 @@
 #pragma once
 // Completions from an in-process model: the recipe's HybridLM with a checkpoint's weights, prompted with each problem
-// as `slm generate` prompts it (engine::text_ids) and decoded by the engine (decode_engine.h): continuous batching
+// as `slm generate` prompts it (text::text_ids) and decoded by the engine (decode_engine.h): continuous batching
 // of up to `slots` sequences, the samples of a problem and of the problems after it together, on CPU or CUDA. Every
 // sample draws from its own seeded generator, so what it gets does not depend on its neighbours: greedy completions
-// are engine::generate_text's, sampled ones repeat from the seed.
+// are text::generate_text's, sampled ones repeat from the seed.
 #include <memory>
 #include <optional>
 #include <string>
@@ -12,6 +12,7 @@
 #include "slm/engine/decode_engine.h"
 #include "slm/eval/completions.h"
 #include "slm/model/hybrid_lm.h"
+#include "slm/text/text_generation.h"
 
 namespace slm::eval {
 

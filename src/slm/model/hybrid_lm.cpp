@@ -138,7 +138,9 @@ ModelOutput HybridLM::forward_impl(const torch::Tensor& tokens, const Documents*
       return normed ? layer.forward_normed(u, d) : layer.forward(u, d);
     };
     const LayerPlan& p = plan_.layers[l];
-    const bool pure = p.letter == 'M' || p.letter == 'R' || p.letter == 'F' || (p.letter == 'A' && !p.dsa);
+    // MoE layers (expert loads, the aux loss) and DSA attention (the indexer's KL loss) record state in their
+    // forward, which a rerun would record again; the other layers are pure functions of their input.
+    const bool pure = p.family != Family::MoE && !(p.family == Family::Attention && p.dsa);
     if (!recompute_ || !is_training() || !pure) return call(*layers_[l], in, docs);
     // The rerun happens in the backward, after this call returns: the layer and the documents are held by value.
     std::shared_ptr<Layer> layer = layers_[l];
@@ -346,6 +348,18 @@ torch::Tensor HybridLM::draft(DecodeState& state, const torch::Tensor& next_toke
     c.length = settled;
   }
   return torch::stack(drafts, 1);
+}
+
+DecodeSupport HybridLM::decode_support() const {
+  DecodeSupport out;
+  for (const auto& e : engram_)
+    if (e && e->host_resident()) out.cuda_graph = "Engram tables in host memory are gathered on the host";
+  for (const auto& l : layers_) {
+    const DecodeSupport s = l->decode_support();
+    if (out.batched_rows.empty()) out.batched_rows = s.batched_rows;
+    if (out.cuda_graph.empty()) out.cuda_graph = s.cuda_graph;
+  }
+  return out;
 }
 
 std::vector<MoEImpl*> HybridLM::moe_modules() const {

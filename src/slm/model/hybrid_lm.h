@@ -122,6 +122,9 @@ class HybridLM : public torch::nn::Module {
   void set_engram_canonical_ids(const std::vector<int64_t>& map);
   // Keeps every Engram table in host memory (true; only the gathered rows go to the device) or on the device.
   void set_engram_host_resident(bool host);
+  // What decode (the main stack; MTP modules do not decode) can do: the first layer's reason for each refusal, and
+  // Engram tables in host memory (gathered on the host) refuse graphs. The engine asks this, never the layers.
+  DecodeSupport decode_support() const;
 
   Embedding embed{nullptr};
   torch::Tensor resid_lambdas, x0_lambdas;  // undefined with mHC

@@ -9,11 +9,13 @@
 
 #include "slm/model/documents.h"
 #include "slm/model/modules.h"
+#include "slm/recipe/letters.h"
 
 namespace slm::model {
 
-// One layer's inference cache (KV for attention; recurrent states in part 2). Rollback is in place so a
-// speculative decoder can drop rejected tokens without moving the cache off the device.
+// One layer's inference cache (KV for attention, the recurrent state for Mamba-3 and M2RNN; none for channel
+// layers). Rollback is in place so a speculative decoder can drop rejected tokens without moving the cache off the
+// device.
 class LayerCache {
  public:
   virtual ~LayerCache() = default;
@@ -37,11 +39,21 @@ class LayerCache {
   virtual void collect_tensors(std::vector<torch::Tensor>& out) const = 0;
 };
 
+// What a layer's decode step can do, asked by the engine (engine/batch_engine.h, engine/graph_decoder.h) instead of
+// read off the layer's fields. Each entry is empty where the layer can, else the one message that says why not.
+struct DecodeSupport {
+  std::string batched_rows;  // rows of one pooled cache at different lengths in one step (continuous batching)
+  std::string cuda_graph;    // a step captured once and replayed: nothing read back to the host while it runs
+};
+
 class Layer : public torch::nn::Module {
  public:
   Layer(int64_t d_model, double eps, const torch::TensorOptions& options);
-  virtual char letter() const = 0;
+  virtual Family family() const = 0;
+  char letter() const { return pattern_letter(family()).letter; }
   virtual const char* class_name() const = 0;
+  // Asked when the engine is built; a layer whose answer changes with a stage (DSA warm-up) is asked again then.
+  virtual DecodeSupport decode_support() const { return {}; }
 
   // Training / evaluation over whole sequences, x [B, T, D], positions 0..T-1; docs (optional) marks the
   // documents packed into each row, each of which the layer runs as if it were alone (documents.h).

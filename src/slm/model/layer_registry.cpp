@@ -13,31 +13,36 @@ namespace slm::model {
 
 const std::vector<LayerKind>& layer_kinds() {
   static const std::vector<LayerKind> kinds = {
-      {'A', "AttentionLayer", "attention-only layer (GQA with RoPE and QK-norm, or MLA; per-layer window; DSA)"},
-      {'E', "MoELayer", "fine-grained MoE channel layer (routed + shared SwiGLU experts)"},
-      {'F', "MLPLayer", "dense SwiGLU channel layer"},
-      {'M', "Mamba3Layer", "Mamba-3 mixer layer (SISO or MIMO)"},
-      {'R', "M2RNNLayer", "M2RNN recurrent mixer layer"},
+      {Family::Attention, "AttentionLayer",
+       "attention-only layer (GQA with RoPE and QK-norm, or MLA; per-layer window; DSA)"},
+      {Family::MoE, "MoELayer", "fine-grained MoE channel layer (routed + shared SwiGLU experts)"},
+      {Family::MLP, "MLPLayer", "dense SwiGLU channel layer"},
+      {Family::Mamba3, "Mamba3Layer", "Mamba-3 mixer layer (SISO or MIMO)"},
+      {Family::M2RNN, "M2RNNLayer", "M2RNN recurrent mixer layer"},
   };
   return kinds;
 }
 
-const LayerKind& layer_kind(char letter) {
+const LayerKind& layer_kind(Family family) {
   for (const auto& k : layer_kinds())
-    if (k.letter == letter) return k;
-  throw Error(std::string("no layer class owns pattern letter '") + letter + "'");
+    if (k.family == family) return k;
+  throw Error(std::string("no layer class builds block family '") + family_name(family) + "'");
+}
+
+const LayerKind& layer_kind(char letter) {
+  return layer_kind(pattern_letter(letter).family);
 }
 
 std::shared_ptr<Layer> make_layer(const Recipe& r, const LayerPlan& l, const torch::TensorOptions& options) {
-  switch (l.letter) {
-    case 'A': return std::make_shared<AttentionLayer>(r, l, options);
-    case 'E': return std::make_shared<MoELayer>(r, options);
-    case 'F': return std::make_shared<MLPLayer>(r, options);
-    case 'M': return std::make_shared<Mamba3Layer>(r, options);
-    case 'R': return std::make_shared<M2RNNLayer>(r, options);
+  switch (l.family) {
+    case Family::Attention: return std::make_shared<AttentionLayer>(r, l, options);
+    case Family::MoE: return std::make_shared<MoELayer>(r, options);
+    case Family::MLP: return std::make_shared<MLPLayer>(r, options);
+    case Family::Mamba3: return std::make_shared<Mamba3Layer>(r, options);
+    case Family::M2RNN: return std::make_shared<M2RNNLayer>(r, options);
   }
-  throw Error(r.source + ": layer " + std::to_string(l.index) + ": no implementation for pattern letter '" +
-              std::string(1, l.letter) + "'");
+  throw Error(r.source + ": layer " + std::to_string(l.index) + ": no implementation for block family '" +
+              family_name(l.family) + "'");
 }
 
 }  // namespace slm::model

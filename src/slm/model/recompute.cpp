@@ -3,6 +3,8 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "slm/util/autocast.h"
+
 namespace slm::model {
 
 namespace {
@@ -32,12 +34,9 @@ class Recompute : public torch::autograd::Function<Recompute> {
     const auto x = ctx->get_saved_variables()[0];
     auto block = c10::static_intrusive_pointer_cast<Block>(ctx->saved_data["block"].toCapsule());
     // The backward runs on autograd's thread, whose autocast state is its own: the forward's is set for the rerun.
-    const bool was = at::autocast::is_autocast_enabled(at::kCUDA);
-    const auto was_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-    at::autocast::set_autocast_enabled(at::kCUDA, block->autocast);
-    at::autocast::set_autocast_dtype(at::kCUDA, block->autocast_dtype);
     torch::Tensor dx;
     {
+      const AutocastScope as_forward(at::kCUDA, block->autocast, block->autocast_dtype);
       torch::AutoGradMode grad(true);
       auto xd = x.detach().requires_grad_(x.requires_grad());
       auto y = block->fn(xd);
@@ -46,9 +45,6 @@ class Recompute : public torch::autograd::Function<Recompute> {
       if (y.requires_grad()) torch::autograd::backward({y}, {grads[0]});
       dx = xd.requires_grad() ? xd.grad() : torch::Tensor();
     }
-    if (block->autocast) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(at::kCUDA, was);
-    at::autocast::set_autocast_dtype(at::kCUDA, was_dtype);
     return {dx, {}, {}};
   }
 };

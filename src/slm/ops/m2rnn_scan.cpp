@@ -1,6 +1,5 @@
 #include "slm/ops/m2rnn_scan.h"
 
-#include <ATen/autocast_mode.h>
 
 #include <torch/torch.h>
 
@@ -8,6 +7,7 @@
 #include <vector>
 
 #include "slm/ops/fused_kernels.h"
+#include "slm/util/autocast.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
 
@@ -208,10 +208,9 @@ std::pair<at::Tensor, at::Tensor> m2rnn_scan(const at::Tensor& q, const at::Tens
   // Under BF16 autocast the projections arrive in bf16 and the parameters in fp32. The hand-written backward needs
   // one dtype throughout, so the recurrence runs in the widest input type with autocast off.
   const auto dt = at::promote_types(at::promote_types(q.scalar_type(), w.scalar_type()), h0.scalar_type());
-  const bool autocast = at::autocast::is_autocast_enabled(at::kCUDA);
-  at::autocast::set_autocast_enabled(at::kCUDA, false);
   std::vector<at::Tensor> out;
-  try {
+  {
+    const AutocastScope off(at::kCUDA, false);
 #ifdef SLM_WITH_CUDA
     if (m2rnn_fused(q, v, w, checkpoint_every)) {
       // The kernels compute in FP32 whatever the inputs are; the result goes back to the reference's type.
@@ -228,11 +227,7 @@ std::pair<at::Tensor, at::Tensor> m2rnn_scan(const at::Tensor& q, const at::Tens
       out = CheckpointedScan::apply(q.to(dt), k.to(dt), v.to(dt), f.to(dt), w.to(dt), h0.to(dt), keep, grad_clip,
                                     checkpoint_every);
     }
-  } catch (...) {
-    at::autocast::set_autocast_enabled(at::kCUDA, autocast);
-    throw;
   }
-  at::autocast::set_autocast_enabled(at::kCUDA, autocast);
   return {out[0] + d * v.to(dt), out[1]};
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// M2RNN (matrix-state non-linear RNN, shared/reference/mamba3_dsa_m2rnn.md §3) as pure functions on tensors.
+// M2RNN (matrix-state non-linear RNN, arXiv 2603.14360) as pure functions on tensors.
 // Per batch row and head a K×V state:
 //   H_t = f_t H_{t-1} + (1 - f_t) tanh(H_{t-1} W + k_t v_tᵀ),   y_t = H_tᵀ q_t + D ⊙ v_t
 // The tanh rules out a parallel-in-time form, so the scan is sequential in t and batched over batch × heads.

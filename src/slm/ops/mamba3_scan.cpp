@@ -1,7 +1,6 @@
 #include "slm/ops/mamba3_scan.h"
 
 #include <ATen/ATen.h>
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -13,6 +12,7 @@
 #include "slm/ops/fused_kernels.h"
 #include "slm/ops/mamba3_step_cpu.h"
 #include "slm/ops/rms_norm.h"
+#include "slm/util/autocast.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
 
@@ -586,35 +586,28 @@ std::pair<at::Tensor, Mamba3State> mamba3_scan_fused(const Mamba3Projections& p,
   expect_shape(state.k, {b, h, r, n}, "state k");
   expect_shape(state.x, {b, h, pd}, "state x");
   // The kernels have their own backward in FP32: autocast stays off inside, like the reference's compute type.
-  const bool autocast = at::autocast::is_autocast_enabled(at::kCUDA);
-  at::autocast::set_autocast_enabled(at::kCUDA, false);
-  try {
-    const auto f32 = at::kFloat;
-    auto c = [](const at::Tensor& x) { return x.to(at::kFloat).contiguous(); };
-    const Scalars sc = scalars(p, w, state.angle, start, f32, false);
-    const auto bn = normed(p.b, w.b_norm, w, f32), cn = normed(p.c, w.c_norm, w, f32);
-    // σ_t = γ_t + ε_{t+1}; the last token's ε_{t+1} belongs to the next call (via the state's pending term).
-    const auto sigma = sc.gamma + at::constant_pad_nd(sc.eps.narrow(1, 1, t - 1), {0, 0, 0, 1});
-    const bool mimo = w.mimo_x.defined();
-    const auto mimo_x = mimo ? c(w.mimo_x) : at::empty({0}, p.x.options().dtype(f32));
-    // H_0 takes the pending β term of the cached token, as in mamba3_scan_chunked.
-    const auto h0 =
-        state.ssm.to(f32) + sc.eps.select(1, 0).unsqueeze(-1).unsqueeze(-1) *
-                                outer_sum(rank_values(state.x.to(f32), mimo ? mimo_x : at::Tensor()), state.k.to(f32));
-    const auto st =
-        sc.start.defined() ? sc.start.to(at::kByte).contiguous() : at::empty({0}, p.x.options().dtype(at::kByte));
-    const auto x = c(p.x);
-    auto out = FusedScan::apply(x, bn.contiguous(), cn.contiguous(), c(w.b_bias), c(w.c_bias), sc.dt.contiguous(),
-                                sc.theta.contiguous(), c(state.angle), sc.a.contiguous(), sc.gamma.contiguous(),
-                                sigma.contiguous(), c(w.d), st, mimo_x, h0.contiguous());
-    // The carried key is the last token's, rotated by the phase after it.
-    auto k_last = heads_of(bn.narrow(1, t - 1, 1), w.b_bias, out[2].unsqueeze(1), h, mimo).select(1, 0);
-    at::autocast::set_autocast_enabled(at::kCUDA, autocast);
-    return {out[0], {out[2], out[1], k_last, x.select(1, t - 1)}};
-  } catch (...) {
-    at::autocast::set_autocast_enabled(at::kCUDA, autocast);
-    throw;
-  }
+  const AutocastScope off(at::kCUDA, false);
+  const auto f32 = at::kFloat;
+  auto c = [](const at::Tensor& x) { return x.to(at::kFloat).contiguous(); };
+  const Scalars sc = scalars(p, w, state.angle, start, f32, false);
+  const auto bn = normed(p.b, w.b_norm, w, f32), cn = normed(p.c, w.c_norm, w, f32);
+  // σ_t = γ_t + ε_{t+1}; the last token's ε_{t+1} belongs to the next call (via the state's pending term).
+  const auto sigma = sc.gamma + at::constant_pad_nd(sc.eps.narrow(1, 1, t - 1), {0, 0, 0, 1});
+  const bool mimo = w.mimo_x.defined();
+  const auto mimo_x = mimo ? c(w.mimo_x) : at::empty({0}, p.x.options().dtype(f32));
+  // H_0 takes the pending β term of the cached token, as in mamba3_scan_chunked.
+  const auto h0 =
+      state.ssm.to(f32) + sc.eps.select(1, 0).unsqueeze(-1).unsqueeze(-1) *
+                              outer_sum(rank_values(state.x.to(f32), mimo ? mimo_x : at::Tensor()), state.k.to(f32));
+  const auto st =
+      sc.start.defined() ? sc.start.to(at::kByte).contiguous() : at::empty({0}, p.x.options().dtype(at::kByte));
+  const auto x = c(p.x);
+  auto out = FusedScan::apply(x, bn.contiguous(), cn.contiguous(), c(w.b_bias), c(w.c_bias), sc.dt.contiguous(),
+                              sc.theta.contiguous(), c(state.angle), sc.a.contiguous(), sc.gamma.contiguous(),
+                              sigma.contiguous(), c(w.d), st, mimo_x, h0.contiguous());
+  // The carried key is the last token's, rotated by the phase after it.
+  auto k_last = heads_of(bn.narrow(1, t - 1, 1), w.b_bias, out[2].unsqueeze(1), h, mimo).select(1, 0);
+  return {out[0], {out[2], out[1], k_last, x.select(1, t - 1)}};
 #else
   (void)state;
   return {};

@@ -2,7 +2,7 @@
 // Mamba-3 (exponential-trapezoidal SSM with data-dependent rotary state, SISO and MIMO rank R) as pure
 // functions on tensors: preprocessing of the in_proj outputs, three implementations of the recurrence
 // (sequential reference, chunked parallel form, single-token decode step) and the output gate.
-// Notation (shared/reference/mamba3_dsa_m2rnn.md §1): B batch, T tokens, H heads, P headdim, N d_state,
+// Notation (the Mamba-3 paper, arXiv 2603.15569): B batch, T tokens, H heads, P headdim, N d_state,
 // G B/C groups (head h reads group h / (H/G)), R rank (1 for SISO), S rotary angles.
 //
 //   S_t = α_t S_{t-1} + β_t Σ_r v_{t-1,r} k̃_{t-1,r}ᵀ + γ_t Σ_r v_{t,r} k̃_{t,r}ᵀ      (S is P×N per head)

@@ -6,28 +6,6 @@
 
 namespace slm {
 
-Family family_of(char letter) {
-  switch (letter) {
-    case 'A': return Family::Attention;
-    case 'E': return Family::MoE;
-    case 'M': return Family::Mamba3;
-    case 'R': return Family::M2RNN;
-    case 'F': return Family::MLP;
-  }
-  throw Error(std::string("unknown pattern letter '") + letter + "'");
-}
-
-const char* family_name(Family f) {
-  switch (f) {
-    case Family::Attention: return "attention";
-    case Family::MoE: return "moe";
-    case Family::Mamba3: return "mamba3";
-    case Family::M2RNN: return "m2rnn";
-    case Family::MLP: return "mlp";
-  }
-  return "?";
-}
-
 std::string LayerPlan::features() const {
   std::ostringstream s;
   const char* sep = "";
@@ -56,29 +34,11 @@ namespace {
 
 std::string field(const Recipe& r, const std::string& path) { return r.source + ": " + path; }
 
-const char* section_of(char letter) {
-  switch (letter) {
-    case 'A': return "attention";
-    case 'E': return "moe";
-    case 'M': return "mamba3";
-    case 'R': return "m2rnn";
-    case 'F': return "mlp";
-  }
-  return "?";
-}
-
 void require_section(const Recipe& r, char letter, const std::string& where) {
-  bool present = false;
-  switch (letter) {
-    case 'A': present = r.attention.has_value(); break;
-    case 'E': present = r.moe.has_value(); break;
-    case 'M': present = r.mamba3.has_value(); break;
-    case 'R': present = r.m2rnn.has_value(); break;
-    case 'F': present = r.mlp.has_value(); break;
-  }
-  if (!present)
-    throw Error(field(r, section_of(letter)) + ": section is required because " + where + " has " +
-                std::string(1, letter) + " layers");
+  const PatternLetter& l = pattern_letter(letter);
+  if (!l.configured(r))
+    throw Error(field(r, l.name) + ": section is required because " + where + " has " + std::string(1, letter) +
+                " layers");
 }
 
 std::vector<LayerPlan> build_stack(const std::string& letters) {
@@ -99,7 +59,7 @@ void check_on_attention(const Recipe& r, const ModelPlan& p, const LayerSet& set
                         const char* what) {
   if (set.kind != LayerSet::Kind::List) return;
   for (int l : set.list)
-    if (p.layers[l].letter != 'A')
+    if (p.layers[l].family != Family::Attention)
       throw Error(field(r, path) + ": layer " + std::to_string(l) + " is an " + std::string(1, p.layers[l].letter) +
                   " layer; " + what + " is placed on A (attention) layers only");
 }
@@ -114,7 +74,10 @@ ModelPlan make_plan(const Recipe& r) {
   // moe.layer_freq: only every k-th E slot keeps its router; the others become dense F layers.
   if (r.moe && r.moe->layer_freq > 1) {
     for (auto& l : p.layers)
-      if (l.declared == 'E' && l.family_rank % r.moe->layer_freq != 0) l.letter = 'F', l.family = Family::MLP;
+      if (l.family == Family::MoE && l.family_rank % r.moe->layer_freq != 0) {
+        l.family = Family::MLP;
+        l.letter = pattern_letter(Family::MLP).letter;
+      }
     std::string letters;
     for (auto& l : p.layers) letters.push_back(l.letter);
     auto rebuilt = build_stack(letters);
@@ -129,9 +92,10 @@ ModelPlan make_plan(const Recipe& r) {
 
   if (r.attention) {
     const auto& a = *r.attention;
-    int n_attn = p.composition.count('A') ? p.composition.at('A') : 0;
+    int n_attn = 0;
+    for (const auto& l : p.layers) n_attn += l.family == Family::Attention;
     for (auto& l : p.layers) {
-      if (l.letter != 'A') continue;
+      if (l.family != Family::Attention) continue;
       bool last = l.family_rank == n_attn - 1;
       l.window = last ? 'L' : a.window_pattern[l.family_rank % a.window_pattern.size()];
       l.window_tokens = l.window == 'S' ? a.short_window : 0;
@@ -151,7 +115,8 @@ ModelPlan make_plan(const Recipe& r) {
       }
       int placed = 0;
       for (auto& l : p.layers)
-        if (l.letter == 'A' && l.index >= a.dsa_start_layer && dsa.contains(l.index)) l.dsa = true, ++placed;
+        if (l.family == Family::Attention && l.index >= a.dsa_start_layer && dsa.contains(l.index))
+          l.dsa = true, ++placed;
       if (placed == 0)
         throw Error(field(r, "attention.dsa_start_layer") + ": DSA is enabled but no A layer is at or after layer " +
                     std::to_string(a.dsa_start_layer));
@@ -162,7 +127,7 @@ ModelPlan make_plan(const Recipe& r) {
     check_on_attention(r, p, r.engram.layers, "engram.layers", "Engram");
     long long tables = 0;
     for (auto& l : p.layers)
-      if ((l.engram = l.letter == 'A' && r.engram.layers.contains(l.index)))
+      if ((l.engram = l.family == Family::Attention && r.engram.layers.contains(l.index)))
         tables += static_cast<long long>(r.engram.orders.size()) * r.engram.heads_per_order;
     // Each table's size is a prime found by trial division (recipe/accounting.cpp); the shipped recipes have at
     // most a few hundred tables, and an unbounded count (heads_per_order up to 2^31 - 1) never finished.
@@ -179,7 +144,7 @@ ModelPlan make_plan(const Recipe& r) {
     p.mtp_layers = build_stack(r.mtp.pattern);
     for (auto& l : p.mtp_layers) {
       require_section(r, l.letter, "mtp.pattern");
-      if (l.letter == 'A') l.window = 'L', l.mla = r.mtp.mla;
+      if (l.family == Family::Attention) l.window = 'L', l.mla = r.mtp.mla;
     }
   }
   return p;

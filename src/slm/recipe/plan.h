@@ -5,14 +5,14 @@
 #include <string>
 #include <vector>
 
+#include "slm/recipe/letters.h"
 #include "slm/recipe/recipe.h"
 
 namespace slm {
 
-// One letter, one family, one layer class (see docs/architecture.md, "Who owns a letter").
-enum class Family { Attention, MoE, Mamba3, M2RNN, MLP };
-Family family_of(char letter);
-const char* family_name(Family f);
+// Shorthands for the letter table (letters.h): one letter, one family, one layer class.
+inline Family family_of(char letter) { return pattern_letter(letter).family; }
+inline const char* family_name(Family f) { return pattern_letter(f).name; }
 
 struct LayerPlan {
   int index = 0;         // 0-based position in its stack (the main stack or one MTP module)

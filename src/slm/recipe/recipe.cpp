@@ -5,6 +5,7 @@
 #include <limits>
 #include <sstream>
 
+#include "slm/recipe/letters.h"
 #include "slm/recipe/plan.h"
 #include "slm/util/json_reader.h"
 
@@ -49,7 +50,7 @@ std::string EngramConfig::orders_text() const {
   return s.str();
 }
 
-bool is_pattern_letter(char c) { return c == 'A' || c == 'E' || c == 'M' || c == 'R' || c == 'F'; }
+bool is_pattern_letter(char c) { return find_pattern_letter(c) != nullptr; }
 
 namespace {
 
@@ -91,7 +92,7 @@ void check_pattern_letters(const JsonObjectReader& r, const std::string& key, co
     std::ostringstream msg;
     if (c == 'C') msg << "pattern letter 'C' at position " << i << " is reserved and has no implementation";
     else msg << "unknown pattern letter '" << c << "' at position " << i;
-    msg << "; known letters: A (attention), E (MoE), M (Mamba-3), R (M2RNN), F (dense MLP)";
+    msg << "; known letters: " << known_letters_text();
     r.fail(key, msg.str());
   }
 }

@@ -13,7 +13,7 @@ namespace slm::server {
 
 namespace {
 
-nlohmann::json chat_body(const std::vector<engine::ChatMessage>& history, const ChatOptions& o, bool stream) {
+nlohmann::json chat_body(const std::vector<text::ChatMessage>& history, const ChatOptions& o, bool stream) {
   nlohmann::json messages = nlohmann::json::array();
   for (const auto& m : history) messages.push_back({{"role", m.role}, {"content", m.content}});
   return {{"model", o.model},
@@ -29,7 +29,7 @@ class InProcessChat final : public ChatBackend {
  public:
   explicit InProcessChat(Specialists& s) : specialists_(s) {}
 
-  ChatReply send(const std::vector<engine::ChatMessage>& history, const ChatOptions& o,
+  ChatReply send(const std::vector<text::ChatMessage>& history, const ChatOptions& o,
                  const std::function<void(const std::string&)>& on_text) override {
     // The same parsing and checks as a request to the server, so both ends refuse the same things.
     GenerationRequest g;
@@ -73,7 +73,7 @@ class HttpChat final : public ChatBackend {
     client_.set_read_timeout(600);
   }
 
-  ChatReply send(const std::vector<engine::ChatMessage>& history, const ChatOptions& o,
+  ChatReply send(const std::vector<text::ChatMessage>& history, const ChatOptions& o,
                  const std::function<void(const std::string&)>& on_text) override {
     httplib::Request req;
     req.method = "POST";

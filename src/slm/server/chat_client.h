@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "slm/engine/chat_template.h"
+#include "slm/text/chat_template.h"
 #include "slm/server/specialists.h"
 
 namespace slm::server {
@@ -28,7 +28,7 @@ class ChatBackend {
   virtual ~ChatBackend() = default;
   // Sends the conversation and streams the assistant's answer to on_text. Throws slm::Error with the server's
   // message for a refused request or a connection that fails.
-  virtual ChatReply send(const std::vector<engine::ChatMessage>& history, const ChatOptions& options,
+  virtual ChatReply send(const std::vector<text::ChatMessage>& history, const ChatOptions& options,
                          const std::function<void(const std::string&)>& on_text) = 0;
 };
 

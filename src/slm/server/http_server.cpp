@@ -86,6 +86,13 @@ void send_error(httplib::Response& res, const ApiError& e, const ErrorBody& body
   res.set_content(dump(body(e)), "application/json");
 }
 
+// The error shape of a path's clients before its handler runs (the API key, an unknown path or method): Ollama's
+// {"error": "..."} under /api/, which its clients print as they get it, OpenAI's object elsewhere.
+const ErrorBody& error_body_of(const std::string& path) {
+  static const ErrorBody ollama = ollama_error_body, openai = openai_error_body;
+  return path.rfind("/api/", 0) == 0 ? ollama : openai;
+}
+
 // Methods whose body cpp-httplib reads before it routes the request.
 bool has_body(const httplib::Request& req) {
   return req.method == "POST" || req.method == "PUT" || req.method == "PATCH" || req.method == "DELETE";
@@ -417,7 +424,7 @@ struct Server::Impl {
     // none): refused before, its body would be read as the connection's next request.
     http.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       if (has_body(req) || key_ok(req)) return httplib::Server::HandlerResponse::Unhandled;
-      send_error(res, no_key());
+      send_error(res, no_key(), error_body_of(req.path));
       metrics.request(endpoint_label(req.path), 401);
       return httplib::Server::HandlerResponse::Handled;
     });
@@ -447,6 +454,10 @@ struct Server::Impl {
     generation_endpoint("/infill", [this](const std::string& body) {
       return infill_plan(specialists, body, options.default_max_tokens);
     });
+    for (const std::string path : {"/completion", "/completions"})  // llama.cpp serves both names
+      generation_endpoint(path, [this](const std::string& body) {
+        return completion_plan(specialists, body, options.default_max_tokens);
+      });
     for (const bool encode : {true, false}) {
       const std::string path = encode ? "/tokenize" : "/detokenize";
       post(path, [this, encode, path](const httplib::Request&, const std::string& body, httplib::Response& res) {
@@ -506,12 +517,15 @@ struct Server::Impl {
       if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
       const auto known = methods.find(req.path);
       const char* allow = res.status == 404 && known != methods.end() ? known->second.c_str() : nullptr;
+      const ErrorBody& shape = error_body_of(req.path);
       if (!key_ok(req) && res.status == 404) {
-        send_error(res, no_key());
+        send_error(res, no_key(), shape);
       } else if (allow) {
         res.set_header("Allow", allow);
-        send_error(res, ApiError(405, req.method + " " + req.path + ": method not allowed (use " + allow + ")", "",
-                                 "method_not_allowed"));
+        send_error(res,
+                   ApiError(405, req.method + " " + req.path + ": method not allowed (use " + allow + ")", "",
+                            "method_not_allowed"),
+                   shape);
       } else {
         send_error(res, ApiError(res.status,
                                  res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
@@ -520,7 +534,8 @@ struct Server::Impl {
                                  : res.status == 400
                                      ? "the request is malformed, or its request line and headers did not arrive "
                                        "in full within the read timeout"
-                                     : "the request was refused (HTTP " + std::to_string(res.status) + ")"));
+                                     : "the request was refused (HTTP " + std::to_string(res.status) + ")"),
+                   shape);
       }
       metrics.request("other", res.status);
       return httplib::Server::HandlerResponse::Handled;

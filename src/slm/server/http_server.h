@@ -2,11 +2,11 @@
 // `slm serve`: the OpenAI-compatible HTTP front of the specialists (docs/serving.md), on cpp-httplib.
 //   POST /v1/chat/completions, POST /v1/completions   (stream: true -> server-sent events)
 //   GET  /v1/models, /health, /metrics
-//   POST /infill, /tokenize, /detokenize, GET /props   (llama.cpp's, for editors: llama_api.h)
+//   POST /infill, /completion, /tokenize, /detokenize, GET /props   (llama.cpp's, for editors: llama_api.h)
 //   GET /api/tags, /api/ps, /api/version, POST /api/show, /api/generate, /api/chat   (Ollama's: ollama_api.h)
 // Each request runs on an HTTP worker thread that waits on its Session; the generation itself runs on the
 // specialist's engine thread. A client that disconnects cancels its generation; every bad request gets an error
-// object (OpenAI's shape; {"error": "..."} on the Ollama routes once a request reached them).
+// object (OpenAI's shape; {"error": "..."} under /api/, the Ollama routes, whatever refused it).
 #include <functional>
 #include <memory>
 #include <string>

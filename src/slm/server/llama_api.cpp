@@ -98,29 +98,11 @@ bool has(const std::vector<std::string>& v, const std::string& x) {
 
 }  // namespace
 
-InfillParams parse_infill_request(const std::string& body) {
-  const Json j = parse_object(body);
-  InfillParams p;
-  // llama.cpp requires both (handle_infill); an editor always sends them, possibly empty.
-  for (const char* key : {"input_prefix", "input_suffix"})
-    if (!j.contains(key)) throw bad(key, "required: a string (empty at the start or the end of a file)");
-  p.infill.prefix = string_field(j, "input_prefix");
-  p.infill.suffix = string_field(j, "input_suffix");
-  p.infill.prompt = string_field(j, "prompt");
-  p.infill.filename = string_field(j, "filename");
+namespace {
+
+// The fields both endpoints read, with their refusals.
+void parse_llama_params(const Json& j, LlamaParams& p) {
   p.model = string_field(j, "model");
-  if (given(j, "input_extra")) {
-    const auto& extra = j["input_extra"];
-    if (!extra.is_array()) throw bad("input_extra", "expected a list of {\"filename\", \"text\"} chunks");
-    for (size_t i = 0; i < extra.size(); ++i) {
-      const std::string where = "input_extra[" + std::to_string(i) + "]";
-      const auto& c = extra[i];
-      if (!c.is_object() || !c.contains("text") || !c["text"].is_string())
-        throw bad(where, "expected an object with a string \"text\"");
-      if (given(c, "filename") && !c["filename"].is_string()) throw bad(where + ".filename", "expected a string");
-      p.infill.extra.push_back({given(c, "filename") ? c["filename"].get<std::string>() : "", c["text"]});
-    }
-  }
   if (given(j, "n_predict")) {
     p.n_predict = int_field(j, "n_predict");
     if (p.n_predict < -1) throw bad("n_predict", "must be -1 (up to the context's room), 0 (warm-up) or positive");
@@ -202,6 +184,58 @@ InfillParams parse_infill_request(const std::string& body) {
     const int64_t n = int_field(j, "n_cmpl");
     if (n < 1 || n > 4) throw bad("n_cmpl", "must be between 1 and 4");
   }
+}
+
+}  // namespace
+
+InfillParams parse_infill_request(const std::string& body) {
+  const Json j = parse_object(body);
+  InfillParams p;
+  // llama.cpp requires both (handle_infill); an editor always sends them, possibly empty.
+  for (const char* key : {"input_prefix", "input_suffix"})
+    if (!j.contains(key)) throw bad(key, "required: a string (empty at the start or the end of a file)");
+  p.infill.prefix = string_field(j, "input_prefix");
+  p.infill.suffix = string_field(j, "input_suffix");
+  p.infill.prompt = string_field(j, "prompt");
+  p.infill.filename = string_field(j, "filename");
+  if (given(j, "input_extra")) {
+    const auto& extra = j["input_extra"];
+    if (!extra.is_array()) throw bad("input_extra", "expected a list of {\"filename\", \"text\"} chunks");
+    for (size_t i = 0; i < extra.size(); ++i) {
+      const std::string where = "input_extra[" + std::to_string(i) + "]";
+      const auto& c = extra[i];
+      if (!c.is_object() || !c.contains("text") || !c["text"].is_string())
+        throw bad(where, "expected an object with a string \"text\"");
+      if (given(c, "filename") && !c["filename"].is_string()) throw bad(where + ".filename", "expected a string");
+      p.infill.extra.push_back({given(c, "filename") ? c["filename"].get<std::string>() : "", c["text"]});
+    }
+  }
+  parse_llama_params(j, p);
+  return p;
+}
+
+CompletionParams parse_completion_request(const std::string& body) {
+  const Json j = parse_object(body);
+  CompletionParams p;
+  if (!given(j, "prompt")) throw bad("prompt", "required: a string, a list of token ids, or a list of both");
+  p.prompt = j["prompt"];
+  if (p.prompt.is_array()) {
+    size_t strings = 0;
+    for (size_t i = 0; i < p.prompt.size(); ++i) {
+      const auto& e = p.prompt[i];
+      if (e.is_string()) {
+        ++strings;
+      } else if (!e.is_number_integer()) {
+        throw bad("prompt[" + std::to_string(i) + "]", "expected a string or a token id");
+      }
+    }
+    // llama.cpp answers a list of several strings with one completion each; this server answers one prompt.
+    if (strings > 1 && strings == p.prompt.size())
+      throw unsupported("prompt", "one prompt per request (a list of several strings asks for several completions)");
+  } else if (!p.prompt.is_string()) {
+    throw bad("prompt", "expected a string, a list of token ids, or a list of both");
+  }
+  parse_llama_params(j, p);
   return p;
 }
 
@@ -229,16 +263,16 @@ Specialist& infill_specialist(const Specialists& specialists, const std::string&
                  "model", "model_not_found");
 }
 
-engine::InfillPrompt infill_prompt_for(const Specialist& sp, const engine::InfillRequest& request, int64_t budget) {
+text::InfillPrompt infill_prompt_for(const Specialist& sp, const text::InfillRequest& request, int64_t budget) {
   try {
-    return engine::build_infill_prompt(request, engine::InfillOrder::Spm, budget, *sp.tokenizer);
+    return text::build_infill_prompt(request, text::InfillOrder::Spm, budget, *sp.tokenizer);
   } catch (const Error& e) {
     throw ApiError(400, "the model \"" + sp.name + "\" cannot fill in the middle: " + e.what(), "model",
                    "unsupported_model");
   }
 }
 
-std::vector<int64_t> infill_cache_points(const Specialist& sp, const engine::InfillPrompt& prompt) {
+std::vector<int64_t> infill_cache_points(const Specialist& sp, const text::InfillPrompt& prompt) {
   std::vector<int64_t> points = {prompt.context_end};
   // In SPM order P (the prefix as kept, then the cursor's line) ends the prompt. The part of P before its last newline
   // is the same from keystroke to keystroke on one line; its tokens are a prefix of P's only when the tokenizer does
@@ -268,11 +302,16 @@ double per_second(int64_t n, double ms) {
   return ms > 0 ? 1e3 * static_cast<double>(n) / ms : 0.0;
 }
 
-class InfillFormat : public ResponseFormat {
+// llama.cpp's answer to /infill and /completion (server_task_result_cmpl_final/partial, non-OpenAI form).
+class LlamaFormat : public ResponseFormat {
  public:
-  InfillFormat(InfillParams params, bool truncated, int64_t n_ctx)
-      : p_(std::move(params)), truncated_(truncated), n_ctx_(n_ctx) {}
-  std::string id_prefix() const override { return "infill"; }
+  LlamaFormat(LlamaParams params, std::string id_prefix, std::string prompt, bool truncated, int64_t n_ctx)
+      : p_(std::move(params)),
+        id_prefix_(std::move(id_prefix)),
+        prompt_(std::move(prompt)),
+        truncated_(truncated),
+        n_ctx_(n_ctx) {}
+  std::string id_prefix() const override { return id_prefix_; }
   nlohmann::json whole(const GenerationReport& r) override {
     const Json full = final_json(r, warm_up() ? "" : r.text);
     return p_.response_fields.empty() ? full : select_fields(full, p_.response_fields);
@@ -324,6 +363,7 @@ class InfillFormat : public ResponseFormat {
             {"tokens_predicted", predicted},
             {"tokens_evaluated", r.prompt_tokens},
             {"generation_settings", settings},
+            {"prompt", prompt_},
             {"has_new_line", content.find('\n') != std::string::npos},
             {"truncated", truncated_},
             {"stop_type", stop_type(r, warm_up())},
@@ -331,7 +371,8 @@ class InfillFormat : public ResponseFormat {
             {"tokens_cached", r.cached_tokens},
             {"timings", timings}};
   }
-  InfillParams p_;
+  LlamaParams p_;
+  std::string id_prefix_, prompt_;
   bool truncated_;
   int64_t n_ctx_;
 };
@@ -381,7 +422,7 @@ GenerationPlan infill_plan(const Specialists& specialists, const std::string& bo
                    "n_predict: " + std::to_string(p.n_predict) +
                        " leaves no room for a prompt in the model's context of " + std::to_string(ctx) + " tokens",
                    "n_predict", "context_length_exceeded");
-  const engine::InfillPrompt prompt = infill_prompt_for(sp, p.infill, ctx - n);
+  const text::InfillPrompt prompt = infill_prompt_for(sp, p.infill, ctx - n);
   prep.request.prompt = prompt.ids;
   prep.request.max_tokens = p.n_predict < 0 ? ctx - static_cast<int64_t>(prompt.ids.size()) : n;
   prep.request.stop_ids = sp.chat->stop_ids();
@@ -391,7 +432,64 @@ GenerationPlan infill_plan(const Specialists& specialists, const std::string& bo
   plan.stop = p.stop;
   plan.stream = p.stream;
   plan.limit = infill_limit(p.n_indent, p.t_max_predict_ms);
-  plan.format = std::make_unique<InfillFormat>(std::move(p), prompt.truncated, ctx);
+  std::vector<uint32_t> shown(prompt.ids.begin(), prompt.ids.end());
+  plan.format = std::make_unique<LlamaFormat>(std::move(p), "infill", sp.tokenizer->decode(shown, true),
+                                              prompt.truncated, ctx);
+  return plan;
+}
+
+GenerationPlan completion_plan(const Specialists& specialists, const std::string& body, int64_t default_max_tokens) {
+  CompletionParams p = parse_completion_request(body);
+  GenerationPlan plan;
+  auto& prep = plan.prepared;
+  std::string text;  // what the specialist is chosen by: the prompt's strings
+  if (p.prompt.is_string()) text = p.prompt.get<std::string>();
+  for (const auto& e : p.prompt.is_array() ? p.prompt : Json::array())
+    if (e.is_string()) text += e.get<std::string>();
+  prep.specialist = &infill_specialist(specialists, p.model, "", text, prep.routing);
+  Specialist& sp = *prep.specialist;
+  prep.engine = sp.engine.get();
+  prep.answered_by = sp.name;
+  const data::Tokenizer& tok = *sp.tokenizer;
+  std::vector<int64_t> ids;
+  if (p.prompt.is_string()) {
+    ids = sp.chat->completion_prompt(text);  // <|bos|> text
+  } else {
+    for (size_t i = 0; i < p.prompt.size(); ++i) {
+      const auto& e = p.prompt[i];
+      if (e.is_string()) {
+        if (i == 0) ids.push_back(tok.bos_id());
+        for (uint32_t id : tok.encode(e.get<std::string>())) ids.push_back(id);
+        continue;
+      }
+      const int64_t id = e.get<int64_t>();
+      if (id < 0 || id >= static_cast<int64_t>(tok.vocab_size()))
+        throw bad("prompt[" + std::to_string(i) + "]",
+                  "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                      std::to_string(tok.vocab_size()) + ")");
+      ids.push_back(id);
+    }
+  }
+  const int64_t ctx = prep.engine->context_length(), n = static_cast<int64_t>(ids.size());
+  if (n == 0) throw bad("prompt", "must not be empty");
+  // The tokens to generate: n_predict, or (-1) the server's default within the room left; 0 fills the cache only.
+  const int64_t room = ctx - n;
+  const int64_t want = p.n_predict < 0 ? std::min(default_max_tokens, room) : std::max<int64_t>(p.n_predict, 1);
+  if (room < 1 || want > room)
+    throw ApiError(400,
+                   "the prompt is " + std::to_string(n) + " tokens; with n_predict " + std::to_string(want) +
+                       " it exceeds the model's context of " + std::to_string(ctx) + " tokens",
+                   "prompt", "context_length_exceeded");
+  prep.request.prompt = ids;
+  prep.request.max_tokens = want;
+  prep.request.stop_ids = sp.chat->stop_ids();
+  prep.request.sampling = p.sampling;
+  if (p.random_seed) prep.request.sampling.seed = std::random_device{}();
+  plan.stop = p.stop;
+  plan.stream = p.stream;
+  plan.limit = infill_limit(p.n_indent, p.t_max_predict_ms);
+  std::vector<uint32_t> shown(ids.begin(), ids.end());
+  plan.format = std::make_unique<LlamaFormat>(std::move(p), "cmpl", tok.decode(shown, true), false, ctx);
   return plan;
 }
 

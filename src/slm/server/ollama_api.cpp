@@ -9,7 +9,7 @@
 #include <limits>
 #include <set>
 
-#include "slm/engine/infill_prompt.h"
+#include "slm/text/infill_prompt.h"
 #include "slm/server/llama_api.h"
 #include "slm/server/prepare.h"
 #include "slm/util/error.h"
@@ -203,7 +203,7 @@ std::string file_time(const std::string& path) {
 
 bool has_fim_tokens(const data::Tokenizer& tok) {
   try {
-    engine::infill_tokens(tok);
+    text::infill_tokens(tok);
     return true;
   } catch (const Error&) {
     return false;
@@ -305,7 +305,7 @@ Json ollama_ps_json(const std::vector<OllamaModel>& models) {
 }
 
 std::string ollama_template(bool insert) {
-  // The chat turn as engine/chat_template.h builds it; the fill-in-the-middle prompt as build_infill_prompt builds
+  // The chat turn as text/chat_template.h builds it; the fill-in-the-middle prompt as build_infill_prompt builds
   // it in SPM order without extra chunks or a file name (the suffix first, then the text before the cursor, which
   // the model continues).
   const std::string turn =
@@ -517,7 +517,7 @@ PreparedGeneration prepare_infill(const Specialists& specialists, const OllamaRe
                    "num_predict (" + std::to_string(max_tokens) + ") leaves no room for the prompt in the context of " +
                        std::to_string(ctx) + " tokens",
                    "num_predict", "context_length_exceeded");
-  engine::InfillRequest fill;
+  text::InfillRequest fill;
   fill.prefix = r.generation.prompt;
   fill.suffix = r.suffix;
   const auto prompt = infill_prompt_for(sp, fill, ctx - max_tokens);

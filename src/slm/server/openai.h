@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "slm/engine/chat_template.h"
+#include "slm/text/chat_template.h"
 #include "slm/engine/engine.h"
 
 namespace slm::server {
@@ -40,7 +40,7 @@ class ApiError : public std::runtime_error {
 struct GenerationRequest {
   bool chat = true;
   std::string model;
-  std::vector<engine::ChatMessage> messages;  // chat
+  std::vector<text::ChatMessage> messages;  // chat
   std::string prompt;                         // completions
   std::optional<std::string> suffix;          // completions: the text after the insertion (fill-in-the-middle)
   std::optional<int64_t> max_tokens;

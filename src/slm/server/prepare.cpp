@@ -75,7 +75,7 @@ PreparedGeneration prepare_fill(const Specialists& specialists, const Generation
                    "max_tokens (" + std::to_string(max_tokens) +
                        ") leaves no room for a prompt in the model's context of " + std::to_string(ctx) + " tokens",
                    "max_tokens", "context_length_exceeded");
-  engine::InfillRequest fill;
+  text::InfillRequest fill;
   fill.prefix = g.prompt;
   fill.suffix = *g.suffix;
   const auto prompt = infill_prompt_for(*p.specialist, fill, ctx - max_tokens);

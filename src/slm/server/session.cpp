@@ -5,7 +5,7 @@
 #include <mutex>
 
 #include "slm/data/detokenizer.h"
-#include "slm/engine/stop_text.h"
+#include "slm/text/stop_text.h"
 
 namespace slm::server {
 
@@ -15,7 +15,7 @@ struct Session::State {
   std::mutex mu;
   std::condition_variable cv;
   data::Detokenizer detok;
-  engine::StopText stop;
+  text::StopText stop;
   std::vector<std::string> stops;
   TextLimit limit;
   std::string raw;       // everything decoded, before the stop strings are cut (to name the one that matched)

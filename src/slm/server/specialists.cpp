@@ -6,10 +6,10 @@
 #include <map>
 
 #include "slm/engine/decode_engine.h"
+#include "slm/io/run_dir.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
 #include "slm/router/route.h"
-#include "slm/train/checkpoint.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
@@ -31,9 +31,7 @@ std::shared_ptr<model::HybridLM> load_model(const Recipe& recipe, const std::str
   // CPU); they are placed on the device of the weight they replace as they load.
   m->to(device);
   if (!checkpoint.empty()) {
-    std::string path = checkpoint;
-    if (auto latest = train::latest_checkpoint(path); !latest.empty()) path = latest;  // a run directory
-    weights = model::weights_path(path);
+    weights = model::weights_path(io::resolve_run_dir(checkpoint));
     model::load_weights(*m, weights);
   } else {
     weights = "random";
@@ -55,7 +53,7 @@ void Specialists::add(std::string name, std::shared_ptr<model::HybridLM> m, std:
   s->name = std::move(name);
   s->routes = std::move(routes);
   s->tokenizer = std::move(tok);
-  s->chat = std::make_unique<engine::ChatTemplate>(*s->tokenizer);
+  s->chat = std::make_unique<text::ChatTemplate>(*s->tokenizer);
   s->weights = std::move(weights);
   for (const auto& p : m->parameters()) s->parameters += p.numel();
   const auto memory = model::weight_memory(*m);

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "slm/data/tokenizer.h"
-#include "slm/engine/chat_template.h"
+#include "slm/text/chat_template.h"
 #include "slm/engine/decode_engine.h"
 #include "slm/engine/engine.h"
 #include "slm/recipe/ensemble.h"
@@ -27,7 +27,7 @@ struct Specialist {
   std::string name, description;
   std::vector<std::string> routes;  // router labels it answers
   std::unique_ptr<data::Tokenizer> tokenizer;
-  std::unique_ptr<engine::ChatTemplate> chat;
+  std::unique_ptr<text::ChatTemplate> chat;
   std::unique_ptr<engine::Engine> engine;
   engine::EngineModel model;  // shared with the mixtures the specialist takes part in
   std::string weights;        // the weights file, or "random" when none was loaded

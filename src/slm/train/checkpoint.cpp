@@ -8,6 +8,7 @@
 #include <cstdio>
 
 #include "slm/data/hashing.h"
+#include "slm/io/run_dir.h"
 #include "slm/io/safetensors.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
@@ -73,17 +74,6 @@ std::vector<std::string> list_checkpoints(const std::string& run_dir) {
   return out;
 }
 
-std::string latest_checkpoint(const std::string& run_dir) {
-  const std::string pointer = run_dir + "/latest";
-  if (::access(pointer.c_str(), F_OK) != 0) return "";
-  std::string name = read_file(pointer);
-  while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
-  const std::string dir = run_dir + "/" + name;
-  if (name.empty() || name.find('/') != std::string::npos || !is_dir(dir))
-    throw Error(pointer + ": names checkpoint '" + name + "', which does not exist");
-  return dir;
-}
-
 std::string save_checkpoint(const std::string& run_dir, const CheckpointData& data, int keep_last) {
   if (!data.meta.contains("step")) throw Error("save_checkpoint: meta has no step");
   const int64_t step = data.meta["step"].get<int64_t>();
@@ -123,7 +113,7 @@ CheckpointData load_checkpoint(const std::string& path) {
   std::string dir = path;
   if (!is_dir(dir)) throw Error(path + ": no such checkpoint directory");
   if (::access((dir + "/" + kMetaFile).c_str(), F_OK) != 0) {
-    dir = latest_checkpoint(path);
+    dir = io::latest_checkpoint(path);
     if (dir.empty()) throw Error(path + ": neither a checkpoint (no meta.json) nor a run directory with one (no latest)");
   }
   CheckpointData out;

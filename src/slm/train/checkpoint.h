@@ -3,7 +3,7 @@
 //   ckpt-00000100/  model.safetensors      the weights (slm::model::save_weights: readable by other tools)
 //                   optimizer.safetensors  every optimizer state tensor, plus the RNG state
 //                   meta.json              recipe text, step, tokens seen, data cursor, configs, per-tensor CRC-32C
-//   latest                                 the name of the newest complete checkpoint
+//   latest                                 the name of the newest complete checkpoint (io/run_dir.h finds it)
 //   metrics.jsonl                          one JSON object per logged step (the trainer's)
 // A checkpoint is written under a temporary name, fsynced and renamed, and `latest` is replaced the same way, so a
 // crash at any point leaves the previous checkpoint as latest. Loading checks every file and every tensor's
@@ -30,10 +30,6 @@ struct CheckpointData {
 // Writes ckpt-<step>/ under run_dir atomically, points `latest` at it, then removes all but the newest keep_last
 // checkpoints (keep_last <= 0 keeps everything). Returns the checkpoint directory.
 std::string save_checkpoint(const std::string& run_dir, const CheckpointData& data, int keep_last);
-
-// The checkpoint directory `latest` names, or "" when run_dir has none. Throws slm::Error when `latest` names a
-// directory that does not exist.
-std::string latest_checkpoint(const std::string& run_dir);
 
 // Reads and verifies a checkpoint directory (or a run directory: its latest). Throws slm::Error naming the file and,
 // for a damaged tensor, the tensor.

@@ -1,6 +1,5 @@
 #include "slm/train/evaluate.h"
 
-#include <ATen/autocast_mode.h>
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +10,7 @@
 #include "slm/model/weights.h"
 #include "slm/recipe/recipe.h"
 #include "slm/train/checkpoint.h"
+#include "slm/util/autocast.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
@@ -309,20 +309,7 @@ CheckpointScores evaluate_checkpoint(const CheckpointEval& req) {
   model::HybridLM m(recipe, torch::TensorOptions().dtype(torch::kFloat).device(device));
   model::load_weights(m, out.weights);
   out.nvfp4_weights = static_cast<int64_t>(model::nvfp4_weights(m).size());
-  // Autocast is thread-local state: switched off again however evaluation ends.
-  struct Autocast {
-    c10::DeviceType type;
-    bool on;
-    ~Autocast() {
-      if (!on) return;
-      at::autocast::set_autocast_enabled(type, false);
-      at::autocast::clear_cache();
-    }
-  } autocast{device.type(), req.bf16};
-  if (req.bf16) {
-    at::autocast::set_autocast_dtype(device.type(), at::kBFloat16);
-    at::autocast::set_autocast_enabled(device.type(), true);
-  }
+  const AutocastScope bf16(device.type(), req.bf16);
   out.bf16 = req.bf16;
   out.domains = evaluate_model(m, sources, out.windows, token_bytes, device);
   out.all = pooled(out.domains);

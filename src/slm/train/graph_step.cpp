@@ -1,6 +1,5 @@
 #include "slm/train/graph_step.h"
 
-#include <ATen/autocast_mode.h>
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include "slm/model/documents.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/train/device_batch.h"
+#include "slm/util/autocast.h"
 #include "slm/util/error.h"
 
 #ifdef SLM_WITH_CUDA
@@ -96,13 +96,11 @@ void GraphStep::zero_grad() {
 // The eager training step's forward and backward (train/trainer.cpp) on the static buffers. Autocast's weight cache
 // is off: its casts would be made once, at the capture, and then read as stale copies by every replay.
 torch::Tensor GraphStep::Impl::forward_backward() {
-  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-  at::autocast::set_autocast_enabled(at::kCUDA, true);
-  const bool cache = at::autocast::is_autocast_cache_enabled();
-  at::autocast::set_autocast_cache_enabled(false);
-  auto out = model.loss(x, y, &docs, window);
-  at::autocast::set_autocast_cache_enabled(cache);
-  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  model::LossOutput out;
+  {
+    const AutocastScope bf16(at::kCUDA, true, at::kBFloat16, /*cache=*/false);
+    out = model.loss(x, y, &docs, window);
+  }
   (out.total / static_cast<double>(accum)).backward();
   return out.main.detach();
 }

@@ -1,7 +1,6 @@
 #include "slm/train/trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/autocast_mode.h>
 #include <unistd.h>
 
 #ifdef SLM_WITH_CUDA
@@ -24,6 +23,7 @@
 #include "slm/data/loader.h"
 #include "slm/data/shards.h"
 #include "slm/data/tokenizer.h"
+#include "slm/io/run_dir.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/weights.h"
 #include "slm/quant/nvfp4.h"
@@ -37,6 +37,7 @@
 #include "slm/train/graph_step.h"
 #include "slm/train/memory.h"
 #include "slm/train/profile.h"
+#include "slm/util/autocast.h"
 #include "slm/util/device.h"
 #include "slm/util/error.h"
 #include "slm/util/files.h"
@@ -490,7 +491,7 @@ Trainer::Trainer(std::unique_ptr<State> s, TrainConfig cfg, std::ostream& log)
 
 Trainer::Trainer(TrainConfig config, std::ostream& log)
     : Trainer(build_state(config, read_file(config.recipe)), config, log) {
-  if (!latest_checkpoint(cfg_.out).empty())
+  if (!io::latest_checkpoint(cfg_.out).empty())
     throw Error(cfg_.out + " already holds a checkpoint: continue it with --resume " + cfg_.out +
                 " or choose another --out");
   if (s_->dist_env.rank != 0) return;  // rank 0 owns the run directory
@@ -744,14 +745,9 @@ int64_t Trainer::run_steps(const std::atomic<bool>* stop, int64_t until) {
     const DeviceBatch b = *stage_batch(tokens, docs, s_->device);
     const model::Documents* d = b.docs ? &*b.docs : nullptr;
     model::LossOutput out;
-    if (s_->device.is_cuda()) {
-      // BF16 compute, FP32 master weights and optimizer state.
-      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      out = m.loss(b.x, b.y, d, b.window);
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
-    } else {
+    {
+      // BF16 compute on a GPU, FP32 master weights and optimizer state.
+      const AutocastScope bf16(at::kCUDA, s_->device.is_cuda());
       out = m.loss(b.x, b.y, d, b.window);
     }
     if (arm) dist->arm();

@@ -1,5 +1,6 @@
 #pragma once
-// Engram, hashed n-gram memory (shared/reference/blocks_optim_quant.md §1). Beside the mixer of an A layer:
+// Engram, hashed n-gram memory ("Conditional Memory via Scalable Lookup", arXiv 2601.07372). Beside the mixer of
+// an A layer:
 //   1. canonical ids x' = P(x) (the tokenizer's compression map; identity by default);
 //   2. per order o and head j: mix_o(t) = XOR_{k<o} x'_{t-k}·m_k, row = mix_o(t) mod p_{o,j} + offset_{o,j}
 //      (odd multipliers m_k per layer, distinct primes p per (layer, order, head), one flat table per layer;

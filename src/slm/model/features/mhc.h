@@ -1,5 +1,5 @@
 #pragma once
-// mHC, manifold-constrained hyper-connections (shared/reference/blocks_optim_quant.md §2.2). The residual stream
+// mHC, manifold-constrained hyper-connections (arXiv 2512.24880 §4.2). The residual stream
 // is n streams X [B, T, n, D], all copies of the embedding at the start. A layer with a learned mix reads
 // u = Σ_i H_pre[i]·X[i], runs its block y = F(u) and writes X'[j] = H_post[j]·y + Σ_i H_res[j,i]·X[i], with
 //   [h_pre; h_post; h_res] = α ⊙ (RMSNorm(vec X) φᵀ) + b        (φ: [n²+2n, n·D], fused order pre, post, res)

@@ -143,4 +143,16 @@ DsaIndexerImpl* AttentionLayer::indexer() const {
   return i ? i.ptr().get() : nullptr;
 }
 
+DecodeSupport AttentionLayer::decode_support() const {
+  std::string host_length;
+  if (mla) host_length = "MLA attention reads its cache by the host's length";
+  else if (indexer() && indexer()->stage == DsaStage::Warmup)
+    host_length = "DSA attention in its dense warm-up stage reads its cache by the host's length";
+  if (!host_length.empty()) return {host_length, host_length};
+  if (!indexer() && !ops::decode_attention_has_kernel(attn->head_dim))
+    return {"", "attention head dim " + std::to_string(attn->head_dim) +
+                    " has no CUDA decode kernel (32, 64, 128, 256), and its reference reads the lengths on the host"};
+  return {};
+}
+
 }  // namespace slm::model

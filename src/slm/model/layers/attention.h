@@ -46,13 +46,15 @@ TORCH_MODULE(Attention);
 class AttentionLayer : public Layer {
  public:
   AttentionLayer(const Recipe& recipe, const LayerPlan& plan, const torch::TensorOptions& options);
-  char letter() const override { return 'A'; }
+  Family family() const override { return Family::Attention; }
   const char* class_name() const override { return "AttentionLayer"; }
   torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) override;
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
   // MLA layers decode in the weight-absorbed form; GQA layers as prefill.
   torch::Tensor decode(const torch::Tensor& x, LayerCache* cache) override;
   std::unique_ptr<LayerCache> make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const override;
+  // MLA and DSA's dense warm-up read their cache by the host's length; GQA graphs need a CUDA decode kernel.
+  DecodeSupport decode_support() const override;
   // The DSA indexer of this layer; null when the plan puts no DSA here.
   DsaIndexerImpl* indexer() const;
 

@@ -42,7 +42,9 @@ std::pair<torch::Tensor, torch::Tensor> CausalConvImpl::forward(const torch::Ten
 }
 
 M2RNNImpl::M2RNNImpl(const Recipe& r, const torch::TensorOptions& options) {
-  if (!r.m2rnn) throw Error(r.source + ": pattern letter 'R' needs an \"m2rnn\" section");
+  if (!r.m2rnn)
+    throw Error(r.source + ": pattern letter '" + std::string(1, pattern_letter(Family::M2RNN).letter) +
+                "' needs an \"m2rnn\" section");
   const auto& m = *r.m2rnn;
   heads = m.heads;
   qk_heads = m.qk_heads;

@@ -1,5 +1,5 @@
 #pragma once
-// R: an M2RNN mixer layer (matrix-state non-linear RNN), shared/reference/mamba3_dsa_m2rnn.md §3:
+// R: an M2RNN mixer layer (matrix-state non-linear RNN), Mishra et al., "M²RNN", arXiv 2603.14360:
 //   [q k v | f | g] = in_proj(h);  q, k, v <- silu(depthwise causal conv);  f = exp(-exp(A_log)·softplus(f + dt_bias))
 //   y = M2RNN(q, k, v, f; W) + D ⊙ v;  out = out_proj(RMSNorm(y ⊙ silu(g)))
 // The qk_heads query/key heads are shared by the state heads (head n reads qk head n / (heads / qk_heads)).
@@ -53,7 +53,7 @@ TORCH_MODULE(M2RNN);
 class M2RNNLayer : public Layer {
  public:
   M2RNNLayer(const Recipe& recipe, const torch::TensorOptions& options);
-  char letter() const override { return 'R'; }
+  Family family() const override { return Family::M2RNN; }
   const char* class_name() const override { return "M2RNNLayer"; }
   torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) override;
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;

@@ -21,7 +21,9 @@ torch::ScalarType state_type(const torch::TensorOptions& o) {
 }  // namespace
 
 Mamba3Impl::Mamba3Impl(const Recipe& r, const torch::TensorOptions& options) {
-  if (!r.mamba3) throw Error(r.source + ": pattern letter 'M' needs a \"mamba3\" section");
+  if (!r.mamba3)
+    throw Error(r.source + ": pattern letter '" + std::string(1, pattern_letter(Family::Mamba3).letter) +
+                "' needs a \"mamba3\" section");
   const auto& m = *r.mamba3;
   d_inner = m.d_inner;
   heads = m.heads;

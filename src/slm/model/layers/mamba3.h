@@ -1,5 +1,5 @@
 #pragma once
-// M: a Mamba-3 mixer layer (SISO, or MIMO of rank R), shared/reference/mamba3_dsa_m2rnn.md §1. The math
+// M: a Mamba-3 mixer layer (SISO, or MIMO of rank R), Lahoti et al., "Mamba-3", arXiv 2603.15569. The math
 // lives in slm/ops/mamba3_scan.h; this class owns the parameters (names and shapes as in
 // recipe/accounting.cpp) and picks the chunked form for sequences and the step form for single tokens.
 #include <utility>
@@ -47,7 +47,7 @@ TORCH_MODULE(Mamba3);
 class Mamba3Layer : public Layer {
  public:
   Mamba3Layer(const Recipe& recipe, const torch::TensorOptions& options);
-  char letter() const override { return 'M'; }
+  Family family() const override { return Family::Mamba3; }
   const char* class_name() const override { return "Mamba3Layer"; }
   torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) override;
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;

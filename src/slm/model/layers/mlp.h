@@ -8,7 +8,7 @@ namespace slm::model {
 class MLPLayer : public Layer {
  public:
   MLPLayer(const Recipe& recipe, const torch::TensorOptions& options);
-  char letter() const override { return 'F'; }
+  Family family() const override { return Family::MLP; }
   const char* class_name() const override { return "MLPLayer"; }
   torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) override;  // per token
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;

@@ -514,6 +514,13 @@ torch::Tensor MoELayer::forward_normed(const torch::Tensor& h, const Documents*)
   return moe(h);
 }
 
+DecodeSupport MoELayer::decode_support() const {
+  const auto& e = *moe->experts;
+  if (e.nvfp4() && !(e.q13_stacked && e.q2_stacked))
+    return {"", "routed experts with one projection in NVFP4 run per expert, counting on the host"};
+  return {};
+}
+
 torch::Tensor MoELayer::prefill(const torch::Tensor& x, LayerCache*) {
   if (moe->expert_group())
     throw Error("MoE prefill: the experts are spread over ranks (expert parallelism trains only)");

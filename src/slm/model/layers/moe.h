@@ -161,11 +161,13 @@ TORCH_MODULE(MoE);
 class MoELayer : public Layer {
  public:
   MoELayer(const Recipe& recipe, const torch::TensorOptions& options);
-  char letter() const override { return 'E'; }
+  Family family() const override { return Family::MoE; }
   const char* class_name() const override { return "MoELayer"; }
   torch::Tensor forward_normed(const torch::Tensor& h, const Documents* docs = nullptr) override;  // per token
   torch::Tensor prefill(const torch::Tensor& x, LayerCache* cache) override;
   std::unique_ptr<LayerCache> make_cache(int64_t, int64_t, int64_t) const override { return nullptr; }
+  // Graphs need the stacked NVFP4 experts when the experts are NVFP4 (the per-expert loop counts on the host).
+  DecodeSupport decode_support() const override;
 
   MoE moe{nullptr};
 };

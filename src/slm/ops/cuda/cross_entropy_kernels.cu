@@ -10,28 +10,12 @@
 #include <cstdint>
 
 #include "slm/ops/cuda/cross_entropy_kernels.h"
+#include "slm/ops/cuda/element.cuh"
 
 namespace slm::ops::cuda {
 namespace {
 
 constexpr int kThreads = 512;
-
-__device__ __forceinline__ float to_float(float x) {
-  return x;
-}
-__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
-  return __bfloat162float(x);
-}
-template <typename T>
-__device__ __forceinline__ T from_float(float x);
-template <>
-__device__ __forceinline__ float from_float<float>(float x) {
-  return x;
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
-  return __float2bfloat16(x);
-}
 
 // 16-byte packs: 8 bf16 or 4 float.
 template <typename T>

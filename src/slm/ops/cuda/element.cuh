@@ -1,6 +1,7 @@
 #pragma once
-// Loads, stores and rounding of one FP32/BF16/FP16 element, for the fused kernels that compute in FP32 and round to
-// the tensor's dtype where the tensor ops they replace round (rotary_norm_kernel.cu, residual_mix_kernel.cu, ...).
+// The device helpers every kernel file shares (as llm.c keeps them in one cuda_utils.cuh): loads, stores,
+// conversions and rounding of one FP32/BF16/FP16 element, for the fused kernels that compute in FP32 and round to the
+// tensor's dtype where the tensor ops they replace round; warp reductions; the launchers' dtype dispatch and SM count.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -12,6 +13,40 @@
 #include "slm/ops/cuda/decode_attention_kernels.h"
 
 namespace slm::ops::cuda {
+
+constexpr unsigned kFullMask = 0xffffffffu;  // every lane of a warp, for the __shfl_*_sync intrinsics
+
+// The sum of v over the warp by a butterfly: every lane ends with the same sum, in the same order on every call.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+// By value, for elements already in registers (a packed vector's): to FP32, and from FP32 rounded to nearest even.
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float to_float(__half x) {
+  return __half2float(x);
+}
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16(x);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half(x);
+}
 
 __device__ __forceinline__ float load(const float* p) {
   return *p;

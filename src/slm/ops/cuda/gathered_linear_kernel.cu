@@ -17,7 +17,7 @@
 
 #include "slm/ops/cuda/element.cuh"
 #include "slm/ops/cuda/gathered_linear_kernel.h"
-#include "slm/quant/cuda/nvfp4_decode.cuh"
+#include "slm/ops/cuda/nvfp4_decode.cuh"
 
 namespace slm::ops::cuda {
 
@@ -47,7 +47,7 @@ __global__ void gathered_linear_kernel(const T* __restrict__ x, const T* __restr
 #pragma unroll
     for (int e = 0; e < kVec; ++e) acc += load(we + e) * load(xe + e);
   }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  acc = warp_sum(acc);
   if (lane == 0) store(y + a * out + row, acc);
 }
 
@@ -152,13 +152,13 @@ __global__ void gathered_swiglu_combine_kernel(const T* __restrict__ h, const T*
       }
     }
   }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  acc = warp_sum(acc);
   if (lane == 0) store(y + t * out + r, acc);
 }
 
 // The combine with NVFP4 down projections: the same prologue (activations rounded to BF16, the NVFP4 products'
 // input), then each warp's row of every selected expert's w2 (and the shared expert's) in chunks of 32 weights: 16
-// bytes of codes and the two block scales. The weights decode as the GEMV's do (quant/cuda/nvfp4_decode.cuh: a few
+// bytes of codes and the two block scales. The weights decode as the GEMV's do (nvfp4_decode.cuh: a few
 // integer ops and one BF16x2 multiply per pair, exact). A shared-memory table per nibble took 16.9 us per call on the
 // cmake specialist, this 15.5 (H200), both above the BF16 kernel's 11.6 us for four times the bytes: what bounds it
 // is not measured yet.
@@ -167,7 +167,6 @@ __global__ void gathered_swiglu_combine_nvfp4_kernel(const T* __restrict__ h, Nv
                                                      const int64_t* __restrict__ ids, const float* __restrict__ gates,
                                                      const T* __restrict__ h_shared, Nvfp4Matrices ws,
                                                      T* __restrict__ y, int k, int out, int hidden, int shared_hidden) {
-  using nvfp4::cuda::bf16x2_mul;
   constexpr int kWeights = 32, kUnroll = 4;
   extern __shared__ float4 act4[];  // [k * hidden + shared_hidden] floats, then k expert ids
   float* act = reinterpret_cast<float*>(act4);
@@ -217,13 +216,13 @@ __global__ void gathered_swiglu_combine_nvfp4_kernel(const T* __restrict__ h, Nv
     for (int u = 0; u < kUnroll; ++u) {
       if (c0 + 32 * u >= chunks) continue;
       const uint32_t words[4] = {q[u].codes.x, q[u].codes.y, q[u].codes.z, q[u].codes.w};
-      const uint32_t sc[2] = {nvfp4::cuda::scale_bf16x2(q[u].scales & 0xFF),
-                              nvfp4::cuda::scale_bf16x2(q[u].scales >> 8)};
+      const uint32_t sc[2] = {scale_bf16x2(q[u].scales & 0xFF),
+                              scale_bf16x2(q[u].scales >> 8)};
       float sum = 0.0f;  // of weight * scale * 2^-8 * activation
 #pragma unroll
       for (int wi = 0; wi < 4; ++wi) {  // word wi: elements 8 wi .. 8 wi + 7 of the chunk, block wi / 2
         uint32_t o[4];
-        nvfp4::cuda::decode_word(words[wi], o);
+        decode_word(words[wi], o);
         const float4 a0 = act4[(q[u].at + wi * 8) / 4], a1 = act4[(q[u].at + wi * 8 + 4) / 4];
         const float lo[4] = {a0.x, a0.y, a0.z, a0.w}, hi[4] = {a1.x, a1.y, a1.z, a1.w};
 #pragma unroll
@@ -235,7 +234,7 @@ __global__ void gathered_swiglu_combine_nvfp4_kernel(const T* __restrict__ h, Nv
       acc += q[u].s_dec * 256.0f * sum;  // undo the 2^-8
     }
   }
-  for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+  acc = warp_sum(acc);
   if (lane == 0) store(y + t * out + r, acc);
 }
 

@@ -24,13 +24,13 @@
 #include <cstdlib>
 #include <string>
 
+#include "slm/ops/cuda/element.cuh"
 #include "slm/ops/cuda/m2rnn_scan_kernels.h"
 
 namespace slm::ops::cuda {
 
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMaxRows = 256;  // K threads per CTA; __launch_bounds__ then leaves each thread 255 registers
 
 __device__ __forceinline__ float fast_tanh(float x) {
@@ -82,12 +82,6 @@ __device__ __forceinline__ bool rs_owner(int lane) {
   return N >= 32 || (lane & (32 / N - 1)) == 0;
 }
 
-__device__ __forceinline__ float warp_sum(float x) {
-#pragma unroll
-  for (int off = 16; off >= 1; off >>= 1) x += __shfl_xor_sync(kFullMask, x, off);
-  return x;
-}
-
 struct Dims {
   int T, H, K, S;  // tokens, heads, state rows, tokens per stretch
 };
@@ -108,6 +102,22 @@ __device__ __forceinline__ void stage_gates(float* sf, float* skeep, const float
     sf[i] = f[(static_cast<int64_t>(b) * d.T + t0 + i) * d.H + h];
     skeep[i] = keep ? keep[static_cast<int64_t>(b) * d.T + t0 + i] : 1.f;
   }
+}
+
+// One stretch's inputs into shared memory, between the two barriers every stretch loop needs (the previous
+// stretch's readers of the buffers are done before the writes; this stretch's readers wait for all of them): q, k
+// [n, K], v and, in the backward, dy [n, V] (dy null: not staged), the forget gates and the document keeps [n].
+__device__ __forceinline__ void stage_stretch(float* sq, float* sk, float* sv, float* sdy, float* sf, float* skeep,
+                                              const float* q, const float* k, const float* v, const float* dy,
+                                              const float* f, const float* keep, const Dims& d, int b, int h, int t0,
+                                              int n, int K, int V) {
+  __syncthreads();
+  stage_rows(sq, q, d, b, h, t0, n, K);
+  stage_rows(sk, k, d, b, h, t0, n, K);
+  stage_rows(sv, v, d, b, h, t0, n, V);
+  if (dy) stage_rows(sdy, dy, d, b, h, t0, n, V);
+  stage_gates(sf, skeep, f, keep, d, b, h, t0, n);
+  __syncthreads();
 }
 
 // z = tanh(hp W + k v) for one row; W row-major [V, V] in shared memory. The empty asm is a compiler barrier: without
@@ -179,12 +189,7 @@ __global__ void __launch_bounds__(kMaxRows)
   for (int t0 = 0, c = 0; t0 < d.T; t0 += S, ++c) {
     const int n = min(S, d.T - t0);
     if (checkpoints) store_row(checkpoints + (c * rows + row) * V, hs);
-    __syncthreads();  // the previous stretch's readers of the staging buffers are done
-    stage_rows(sq, q, d, b, h, t0, n, K);
-    stage_rows(sk, k, d, b, h, t0, n, K);
-    stage_rows(sv, v, d, b, h, t0, n, V);
-    stage_gates(sf, skeep, f, keep, d, b, h, t0, n);
-    __syncthreads();
+    stage_stretch(sq, sk, sv, nullptr, sf, skeep, q, k, v, nullptr, f, keep, d, b, h, t0, n, K, V);
     for (int s = 0; s < n; ++s) {
       const float kp = skeep[s], fs = sf[s];
 #pragma unroll
@@ -252,13 +257,7 @@ __global__ void __launch_bounds__(kMaxRows)
   const int stretches = (d.T + S - 1) / S;
   for (int c = stretches - 1; c >= 0; --c) {
     const int t0 = c * S, n = min(S, d.T - t0);
-    __syncthreads();  // the previous stretch's readers of the staging buffers are done
-    stage_rows(sq, q, d, b, h, t0, n, K);
-    stage_rows(sk, k, d, b, h, t0, n, K);
-    stage_rows(sv, v, d, b, h, t0, n, V);
-    if (dy) stage_rows(sdy, dy, d, b, h, t0, n, V);
-    stage_gates(sf, skeep, f, keep, d, b, h, t0, n);
-    __syncthreads();
+    stage_stretch(sq, sk, sv, sdy, sf, skeep, q, k, v, dy, f, keep, d, b, h, t0, n, K, V);
     // Recompute the stretch's states from its checkpoint.
     float hs[V];
     load_row(hs, checkpoints + (c * rows + row) * V);
@@ -596,12 +595,7 @@ __global__ void __launch_bounds__(kMaxRows)
   for (int t0 = 0, c = 0; t0 < d.T; t0 += S, ++c) {
     const int n = min(S, d.T - t0);
     if (checkpoints) store_frag<V>(checkpoints + c * states + state, x, g, t);
-    __syncthreads();  // the previous stretch's readers of the staging buffers are done
-    stage_rows(sq, q, d, b, h, t0, n, K);
-    stage_rows(sk, k, d, b, h, t0, n, K);
-    stage_rows(sv, v, d, b, h, t0, n, V);
-    stage_gates(sf, skeep, f, keep, d, b, h, t0, n);
-    __syncthreads();
+    stage_stretch(sq, sk, sv, nullptr, sf, skeep, q, k, v, nullptr, f, keep, d, b, h, t0, n, K, V);
     for (int s = 0; s < n; ++s) {
       const float kp = skeep[s], fs = sf[s];
       float kr[4], qr[4];
@@ -729,13 +723,7 @@ __global__ void __launch_bounds__(kMaxRows)
   const int stretches = (d.T + S - 1) / S;
   for (int c = stretches - 1; c >= 0; --c) {
     const int t0 = c * S, n = min(S, d.T - t0);
-    __syncthreads();  // the previous stretch's readers of the staging buffers are done
-    stage_rows(sq, q, d, b, h, t0, n, K);
-    stage_rows(sk, k, d, b, h, t0, n, K);
-    stage_rows(sv, v, d, b, h, t0, n, V);
-    if (dy) stage_rows(sdy, dy, d, b, h, t0, n, V);
-    stage_gates(sf, skeep, f, keep, d, b, h, t0, n);
-    __syncthreads();
+    stage_stretch(sq, sk, sv, sdy, sf, skeep, q, k, v, dy, f, keep, d, b, h, t0, n, K, V);
     // Recompute the stretch's states from its checkpoint; `cur` ends as the state after the stretch.
     float cur[4][V / 4];
     load_frag<V>(cur, checkpoints + c * states + state, g, t);

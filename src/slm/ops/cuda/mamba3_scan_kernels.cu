@@ -38,13 +38,13 @@
 #include <string>
 #include <type_traits>
 
+#include "slm/ops/cuda/element.cuh"
 #include "slm/ops/cuda/mamba3_scan_kernels.h"
 
 namespace slm::ops::cuda {
 
 namespace {
 
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kQ = 32;         // tokens per chunk: one warp's lanes, so the chunk's decay sums are warp scans
 constexpr int kQS = kQ + 1;    // row stride of the forward's Q×Q table (column reads stay conflict-free)
 constexpr int kQW = kQ + 4;    // row stride of the backward's Q×Q tables, which the tensor cores write

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <string>
 
+#include "slm/ops/cuda/element.cuh"
 #include "slm/ops/cuda/mamba3_step_kernel.h"
 
 namespace slm::ops::cuda {
@@ -35,7 +36,6 @@ constexpr int kWarps = kThreads / 32;
 constexpr int kRows = 4;
 // A wave of 256-thread CTAs on an H100/H200 (132 SMs x 8); more CTAs per head than that only repeat the preamble.
 constexpr int64_t kTargetCtas = 1024;
-constexpr unsigned kFullMask = 0xffffffffu;
 constexpr float kPi = 3.14159265358979323846f;
 constexpr float kTwoPi = 6.28318530717958647692f;
 
@@ -44,12 +44,6 @@ __device__ __forceinline__ float load(const float* p, int64_t i) {
 }
 __device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
   return __bfloat162float(p[i]);
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
 }
 
 // Sum over the block; every thread gets it. scratch: kWarps floats.

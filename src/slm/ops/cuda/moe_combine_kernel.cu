@@ -106,9 +106,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
   for (int j = 0; j < kMoeCombineMaxK; ++j) {
     if (j >= k) break;
-    float s = dot[j];
-#pragma unroll
-    for (int o = 16; o >= 1; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float s = warp_sum(dot[j]);
     if (lane == 0) dw[n * k + j] = s;
   }
 }

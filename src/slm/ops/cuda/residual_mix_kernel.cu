@@ -97,11 +97,6 @@ __device__ __forceinline__ void store4(T* p, float4 v) {
 __device__ __forceinline__ void store4(float* p, float4 v) {
   *reinterpret_cast<float4*>(p) = v;
 }
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 template <class T, int kVec>
 __global__ void __launch_bounds__(kNormWarps * 32)

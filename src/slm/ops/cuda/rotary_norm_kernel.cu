@@ -75,12 +75,6 @@ constexpr int kTrainThreads = 32 * kTrainWarps;
 constexpr int64_t kTrainForwardMaxBlocks = 4096;
 constexpr int64_t kTrainBackwardMaxBlocks = 1024;
 
-__device__ __forceinline__ float warp_sum(float v) {
-  // A butterfly: every lane ends with the same sum, in the same order on every call.
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // Two values rounded to T (round_to of each) with one packed conversion instead of two: the BF16/FP16 conversions
 // are a good part of these kernels' instructions.

@@ -25,10 +25,14 @@
 #include <string>
 #include <type_traits>
 
-#include "slm/quant/cuda/nvfp4_decode.cuh"
+#include "slm/ops/cuda/nvfp4_decode.cuh"
 #include "slm/quant/cuda/nvfp4_gemv.h"
 
 namespace slm::nvfp4::cuda {
+
+using ops::cuda::bf16x2_mul;
+using ops::cuda::decode_word;
+using ops::cuda::scale_bf16x2;
 
 namespace {
 

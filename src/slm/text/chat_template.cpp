@@ -1,8 +1,8 @@
-#include "slm/engine/chat_template.h"
+#include "slm/text/chat_template.h"
 
 #include "slm/util/error.h"
 
-namespace slm::engine {
+namespace slm::text {
 
 ChatTemplate::ChatTemplate(const data::Tokenizer& t) : tokenizer_(t) {
   try {
@@ -58,4 +58,4 @@ std::vector<int64_t> ChatTemplate::banned_ids(int64_t vocab) const {
   return out;
 }
 
-}  // namespace slm::engine
+}  // namespace slm::text

@@ -4,10 +4,10 @@
 
 #include "engine/engine_test_util.h"
 #include "slm/data/detokenizer.h"
-#include "slm/engine/chat_template.h"
-#include "slm/engine/stop_text.h"
+#include "slm/text/chat_template.h"
+#include "slm/text/stop_text.h"
 
-namespace slm::engine {
+namespace slm::text {
 namespace {
 
 std::vector<int64_t> ids(const std::string& text) {
@@ -16,7 +16,7 @@ std::vector<int64_t> ids(const std::string& text) {
   return out;
 }
 
-TEST(EngineChatTemplate, ControlIdsFrameEveryTurn) {
+TEST(TextChatTemplate, ControlIdsFrameEveryTurn) {
   ChatTemplate t(test::code512());
   // tokenizer/README.md: <|bos|> 2, <|eos|> 3, <|system|> 4, <|user|> 5, <|assistant|> 6, <|tool_result|> 8, <|end|> 9.
   std::vector<int64_t> expected = {2, 4};
@@ -44,7 +44,7 @@ TEST(EngineChatTemplate, ControlIdsFrameEveryTurn) {
   EXPECT_THROW(t.chat_prompt({}), Error);
 }
 
-TEST(EngineStopText, CutsAtAStopStringSplitAcrossPieces) {
+TEST(TextStopText, CutsAtAStopStringSplitAcrossPieces) {
   StopText s({"END", "\n\n"});
   std::string shown = s.push("int x;");
   shown += s.push("\nE");  // "E" could start "END": held
@@ -58,7 +58,7 @@ TEST(EngineStopText, CutsAtAStopStringSplitAcrossPieces) {
   EXPECT_EQ(s.flush(), "");
 }
 
-TEST(EngineStopText, ReleasesAHeldTailThatDidNotBecomeAStop) {
+TEST(TextStopText, ReleasesAHeldTailThatDidNotBecomeAStop) {
   StopText s({"abc"});
   EXPECT_EQ(s.push("xxab"), "xx");
   EXPECT_EQ(s.push("d"), "abd");
@@ -102,4 +102,4 @@ TEST(EngineDetokenizer, StreamsWholeCharactersAndLosesNothing) {
 }
 
 }  // namespace
-}  // namespace slm::engine
+}  // namespace slm::text

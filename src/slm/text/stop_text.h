@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-namespace slm::engine {
+namespace slm::text {
 
 class StopText {
  public:
@@ -22,4 +22,4 @@ class StopText {
   bool stopped_ = false;
 };
 
-}  // namespace slm::engine
+}  // namespace slm::text

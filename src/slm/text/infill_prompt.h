@@ -35,7 +35,7 @@
 
 #include "slm/data/tokenizer.h"
 
-namespace slm::engine {
+namespace slm::text {
 
 struct InfillChunk {
   std::string filename, text;
@@ -75,4 +75,4 @@ InfillPrompt build_infill_prompt(const InfillRequest& request, InfillOrder order
 InfillPrompt build_infill_prompt(const InfillRequest& request, InfillOrder order, int64_t max_tokens,
                                  const data::Tokenizer& tok);
 
-}  // namespace slm::engine
+}  // namespace slm::text

@@ -1,8 +1,8 @@
-#include "slm/engine/stop_text.h"
+#include "slm/text/stop_text.h"
 
 #include <algorithm>
 
-namespace slm::engine {
+namespace slm::text {
 
 StopText::StopText(std::vector<std::string> stops) {
   for (auto& s : stops)
@@ -39,4 +39,4 @@ std::string StopText::flush() {
   return out;
 }
 
-}  // namespace slm::engine
+}  // namespace slm::text

@@ -1,4 +1,4 @@
-// The infill prompt (engine/infill_prompt.h) against layouts written out by hand with a byte-level encoder (one id
+// The infill prompt (text/infill_prompt.h) against layouts written out by hand with a byte-level encoder (one id
 // per byte, so every count below can be checked by counting characters).
 #include <gtest/gtest.h>
 
@@ -8,19 +8,19 @@
 #include <vector>
 
 #include "slm/data/tokenizer.h"
-#include "slm/engine/infill_prompt.h"
+#include "slm/text/infill_prompt.h"
 #include "test_util.h"
 
 namespace slm::test {
 namespace {
 
-using engine::InfillOrder;
+using text::InfillOrder;
 using Ids = std::vector<int64_t>;
 
 constexpr int64_t BOS = 300, PRE = 301, SUF = 302, MID = 303, SEP = 304;
 
-engine::InfillTokens byte_tokens(bool with_separator = true) {
-  engine::InfillTokens t;
+text::InfillTokens byte_tokens(bool with_separator = true) {
+  text::InfillTokens t;
   t.bos = BOS;
   t.fim_prefix = PRE;
   t.fim_suffix = SUF;
@@ -48,12 +48,12 @@ struct Layout {
   }
 };
 
-engine::InfillPrompt build(const engine::InfillRequest& r, InfillOrder order, int64_t budget, bool sep = true) {
-  return engine::build_infill_prompt(r, order, budget, byte_tokens(sep), bytes);
+text::InfillPrompt build(const text::InfillRequest& r, InfillOrder order, int64_t budget, bool sep = true) {
+  return text::build_infill_prompt(r, order, budget, byte_tokens(sep), bytes);
 }
 
-engine::InfillRequest request(std::string prefix, std::string prompt, std::string suffix) {
-  engine::InfillRequest r;
+text::InfillRequest request(std::string prefix, std::string prompt, std::string suffix) {
+  text::InfillRequest r;
   r.prefix = std::move(prefix);
   r.prompt = std::move(prompt);
   r.suffix = std::move(suffix);
@@ -178,10 +178,10 @@ TEST(InfillPrompt, ABudgetBelowTheFixedTokensGivesJustThem) {
 
 TEST(InfillPrompt, WithTheCodeTokenizer) {
   const auto tok = data::Tokenizer::load(source_path("tokenizer/slm-code-512.model"));
-  const auto t = engine::infill_tokens(tok);
+  const auto t = text::infill_tokens(tok);
   // The committed models' former <|reserved_0|> (id 18) is the file separator (data/tokenizer.cpp).
   EXPECT_EQ(t.file_sep, 18);
-  const auto p = engine::build_infill_prompt(request("int main() {\n", "  return ", "\n}\n"), InfillOrder::Psm, 200, tok);
+  const auto p = text::build_infill_prompt(request("int main() {\n", "  return ", "\n}\n"), InfillOrder::Psm, 200, tok);
   ASSERT_GE(p.ids.size(), 4u);
   EXPECT_EQ(p.ids[0], tok.bos_id());
   EXPECT_EQ(p.ids[1], tok.special_id("<|fim_prefix|>"));
@@ -193,7 +193,7 @@ TEST(InfillPrompt, WithTheCodeTokenizer) {
   auto r = request("int main() {\n", "  return ", "\n}\n");
   r.extra = {{"a.h", "int a();\n"}};
   r.filename = "m.cpp";
-  const auto q = engine::build_infill_prompt(r, InfillOrder::Spm, 200, tok);
+  const auto q = text::build_infill_prompt(r, InfillOrder::Spm, 200, tok);
   EXPECT_EQ(q.extra_kept, 1);
   std::vector<uint32_t> with_extra(q.ids.begin(), q.ids.end());
   EXPECT_EQ(std::count(with_extra.begin(), with_extra.end(), 18u), 2);

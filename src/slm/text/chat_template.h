@@ -14,7 +14,7 @@
 
 #include "slm/data/tokenizer.h"
 
-namespace slm::engine {
+namespace slm::text {
 
 struct ChatMessage {
   std::string role;  // system (or developer), user, assistant, tool
@@ -39,4 +39,4 @@ class ChatTemplate {
   int64_t bos_, eos_, end_, system_, user_, assistant_, tool_result_;
 };
 
-}  // namespace slm::engine
+}  // namespace slm::text

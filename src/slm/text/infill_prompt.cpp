@@ -1,10 +1,10 @@
-#include "slm/engine/infill_prompt.h"
+#include "slm/text/infill_prompt.h"
 
 #include <algorithm>
 
 #include "slm/util/error.h"
 
-namespace slm::engine {
+namespace slm::text {
 
 namespace {
 
@@ -154,4 +154,4 @@ InfillPrompt build_infill_prompt(const InfillRequest& request, InfillOrder order
   });
 }
 
-}  // namespace slm::engine
+}  // namespace slm::text

@@ -1,6 +1,6 @@
 #pragma once
-// Device decode of NVFP4 weights, shared by the GEMV (nvfp4_gemv.cu) and the MoE combine kernel
-// (ops/cuda/gathered_linear_kernel.cu).
+// Device decode of NVFP4 weights, shared by the GEMV (quant/cuda/nvfp4_gemv.cu) and the MoE combine kernel
+// (gathered_linear_kernel.cu). It sits with the kernels, below quant/, which builds on ops/ (never the reverse).
 //
 // Exactness: an E2M1 code s e1 e0 m placed as BF16 bits s<<15 | e1 e0 m << 6 is the E2M1 value times 2^-126
 // (subnormal codes included). Multiplying by the block scale times 2^118 (a BF16) gives value * scale * 2^-8
@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-namespace slm::nvfp4::cuda {
+namespace slm::ops::cuda {
 
 __device__ __forceinline__ float e4m3_to_float(uint32_t b) {
   const uint32_t exp = (b >> 3) & 0xF, man = b & 0x7;
@@ -42,4 +42,4 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return d;
 }
 
-}  // namespace slm::nvfp4::cuda
+}  // namespace slm::ops::cuda
