@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <map>
 #include <set>
 
@@ -309,6 +310,32 @@ class RouterCorpus : public ::testing::Test {
   std::string dir;
   CorpusOptions o;
 };
+
+// The split hashes a file's path below its root: the same sources in another directory split alike. (The absolute
+// path put the files of one corpus in other splits on every machine, and gave this fixture, whose directory name holds
+// the process id, a different split on every run.)
+TEST_F(RouterCorpus, TheSameSourcesSplitAlikeWhereverTheyLie) {
+  o.domains = {"cpp", "cmake", "shell"};
+  auto splits = [](const CorpusOptions& opts, const std::string& src) {
+    std::map<std::string, std::string> out;  // path below src -> split
+    for (const char* d : {"cpp", "cmake", "shell"})
+      for (const char* sp : {"train", "validation", "test"})
+        for (const auto& j : read_jsonl(opts.out_dir + "/" + d + "/" + sp + ".jsonl"))
+          out[j["path"].get<std::string>().substr(src.size())] = sp;
+    return out;
+  };
+  build_corpus(o);
+  const auto here = splits(o, dir + "/src");
+  const std::string elsewhere = fresh_dir("a-longer-name-for-another-place");
+  ASSERT_EQ(::rename((dir + "/src").c_str(), (elsewhere + "/src").c_str()), 0);
+  CorpusOptions moved = o;
+  moved.out_dir = elsewhere + "/out";
+  for (auto& [domain, roots] : moved.roots)
+    for (auto& r : roots) r.path = elsewhere + r.path.substr(dir.size());
+  build_corpus(moved);
+  EXPECT_EQ(here.size(), 64u);  // 40 C++ files, 12 CMake lists, 12 scripts
+  EXPECT_EQ(splits(moved, elsewhere + "/src"), here);
+}
 
 TEST_F(RouterCorpus, RequestsAreLabelledBalancedAndSplitLikeTheirSources) {
   auto rep = build_corpus(o);

@@ -294,6 +294,7 @@ struct Candidate {
   std::string package, license;
   std::string format;
   bool split_by_package = false;  // a Debian source package: the whole project lands in one split
+  std::string relative;           // the path below its root: what the split hashes, wherever the root lies
 };
 
 struct Doc {
@@ -301,7 +302,8 @@ struct Doc {
   DocumentMeta meta;
   std::string text;
   std::string split;
-  std::string split_key;  // "" = package + path
+  std::string split_key;  // "" = package + the path below its root
+  std::string relative;
   nlohmann::json extra = nlohmann::json::object();
 };
 
@@ -438,10 +440,10 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
           ++sum.dropped_size;
           continue;
         }
-        Candidate c{di, path, size, root_pkg, root_lic, root.format, source_package};
+        std::string_view rel = std::string_view(path).substr(root.path.size());
+        while (rel.starts_with('/')) rel.remove_prefix(1);
+        Candidate c{di, path, size, root_pkg, root_lic, root.format, source_package, std::string(rel)};
         if (source_package) {
-          std::string_view rel = std::string_view(path).substr(root.path.size());
-          while (rel.starts_with('/')) rel.remove_prefix(1);
           if (std::string lic = copyright.license_of(rel); !lic.empty()) c.license = std::move(lic);
         } else if (maintainer_scripts) {
           std::string stem = it->path().stem().string();
@@ -545,8 +547,10 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
     }
     const double h = held_out(d.domain);
     const double val = h >= 0 ? h : o.validation_fraction, test = h >= 0 ? h : o.test_fraction;
-    d.split = d.split_key.empty() ? split_of(d.meta.package, d.meta.path, val, test, o.split_seed)
-                                  : split_of(d.split_key, "", val, test, o.split_seed);
+    // By the path below its root, not the absolute one: the same files split alike wherever they were unpacked.
+    d.split = d.split_key.empty()
+                  ? split_of(d.meta.package, d.relative.empty() ? d.meta.path : d.relative, val, test, o.split_seed)
+                  : split_of(d.split_key, "", val, test, o.split_seed);
     if (router && o.domains[d.domain] != "orchestration") {
       sampler.offer({o.domains[d.domain], d.split, d.meta, d.text});
       in_run.insert(o.domains[d.domain]);
@@ -598,6 +602,7 @@ CorpusReport build_corpus(const CorpusOptions& o, const CorpusProgress& progress
         d.domain = c.domain;
         d.meta = {c.package, c.path, c.license, o.domains[c.domain]};
         if (c.split_by_package) d.split_key = "package:" + c.package;
+        d.relative = c.relative;
         d.text = std::move(text);
         batch[j].doc = std::move(d);
       });

@@ -90,7 +90,8 @@ using CorpusProgress = std::function<void(const std::string& phase, uint64_t don
 
 CorpusReport build_corpus(const CorpusOptions& options, const CorpusProgress& progress = {});
 
-// "train", "validation" or "test" for a source file, by a hash of package + path.
+// "train", "validation" or "test" for a source file, by a hash of package + path (build_corpus passes the path below
+// the file's root, so that a corpus splits alike wherever its sources lie).
 std::string split_of(const std::string& package, const std::string& path, double validation, double test,
                      uint64_t seed);
 
