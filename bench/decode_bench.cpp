@@ -24,7 +24,8 @@
 // together (live tensors, and what the caching allocator reserved), set against the accounting's bytes, then
 // --steps graphed decode steps of each model while all stay resident.
 // --moe-paths: instead, the routed experts of each recipe's MoE layer alone, model::loop_experts against
-// model::gathered_experts for 1..32 tokens (median of 50 calls each): the measurement behind gathered_experts_pay.
+// model::gathered_experts for 1..32 tokens (median of 50 calls each): the measurement behind the MoE table's
+// gathered-decode bound (model::plan_experts); "rule" is the backend the layer runs for that many tokens.
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -99,11 +100,11 @@ double step_weight_bytes(const slm::model::HybridLM& m, int64_t batch) {
   // NVFP4 matrices: their dense parameter is empty; the packed codes and scales are what is read.
   for (const auto& item : m.named_modules("", /*include_self=*/false)) {
     if (item.key().rfind("mtp.", 0) == 0) continue;
-    if (auto* lin = item.value()->as<slm::model::LinearImpl>(); lin && lin->qweight)
-      bytes += static_cast<double>(lin->qweight->storage_bytes());
+    if (auto* lin = item.value()->as<slm::model::LinearImpl>(); lin && lin->weight.is_nvfp4())
+      bytes += static_cast<double>(lin->weight.bytes());
     if (auto* ex = item.value()->as<slm::model::ExpertsImpl>())
-      for (const auto* q : {&ex->q13, &ex->q2})
-        for (const auto& e : *q) bytes += static_cast<double>(e.storage_bytes()) * expert_share;
+      for (const auto* w : {&ex->w13, &ex->w2})
+        if (w->is_nvfp4()) bytes += static_cast<double>(w->bytes()) * expert_share;
   }
   return bytes;
 }
@@ -199,7 +200,7 @@ void compare_moe_paths(const slm::Recipe& recipe, const Options& o, const torch:
   std::printf("%s: %lld experts top-%lld, d %lld, hidden %lld\n", recipe.name.c_str(),
               static_cast<long long>(moe->num_experts), static_cast<long long>(moe->top_k),
               static_cast<long long>(recipe.d_model), static_cast<long long>(recipe.moe->expert_hidden));
-  std::printf("%8s %12s %12s %14s %8s\n", "tokens", "loop ms", "gathered ms", "loop/gathered", "rule");
+  std::printf("%8s %12s %12s %14s %20s\n", "tokens", "loop ms", "gathered ms", "loop/gathered", "rule");
   for (int64_t n : {1, 2, 4, 8, 16, 32}) {
     auto u = torch::randn({n, recipe.d_model}, options);
     auto routing = moe->route_tokens(u);
@@ -207,8 +208,8 @@ void compare_moe_paths(const slm::Recipe& recipe, const Options& o, const torch:
       return slm::bench::median_ms([&] { path(u, routing, *moe->experts); }, 50, device.is_cuda());
     };
     const double loop = time(slm::model::loop_experts), gathered = time(slm::model::gathered_experts);
-    std::printf("%8lld %12.3f %12.3f %13.2fx %8s\n", static_cast<long long>(n), loop, gathered, loop / gathered,
-                slm::model::gathered_experts_pay(u, moe->top_k, *moe->experts) ? "gather" : "loop");
+    std::printf("%8lld %12.3f %12.3f %13.2fx %20s\n", static_cast<long long>(n), loop, gathered, loop / gathered,
+                moe->experts_backend(u).name());
   }
 }
 

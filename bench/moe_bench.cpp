@@ -1,7 +1,7 @@
 // The MoE layer's routed experts on CUDA, forward + backward: the per-expert loop (one matmul pair per expert,
 // the counts read back to the host) against one grouped GEMM per projection (model::grouped_experts), at
 // hybrid-250m's MoE shapes, under BF16 autocast with fp32 master weights as training runs; then the whole layer
-// (router, routed experts by the path dispatch_experts picks, shared expert).
+// (router, routed and shared experts by the backend the layer picks, model::plan_experts).
 //   moe_bench [tokens] [reps] [recipe.json]   (defaults: 16384 = 8 rows of 2048, 20, recipes/hybrid-250m.json)
 // TFLOP/s counts the routed GEMMs only: 3 of 2 * tokens * k * d * h flops forward, x3 for forward + backward.
 // Without a GPU there is nothing to compare (the CPU always takes the loop): it says so and exits 0.
@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
   // w2 starts at zero (identity residual); random values keep the backward's arithmetic representative.
   {
     torch::NoGradGuard no_grad;
-    moe->experts->w2.normal_(0.0, 0.02);
+    moe->experts->w2.dense().normal_(0.0, 0.02);
   }
   auto u = torch::randn({tokens, d}, cuda).requires_grad_();
   auto up = torch::randn({tokens, d}, cuda.dtype(torch::kBFloat16));
@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   auto x = torch::randn({std::max<int64_t>(1, tokens / seq), seq, d}, cuda).requires_grad_();
   auto up3 = torch::randn(x.sizes(), cuda.dtype(torch::kBFloat16));
   const double layer = median_ms([&] { torch::autograd::backward({moe->forward(x)}, {up3}); }, reps, true);
-  std::printf("whole layer (%lld x %lld tokens, router + dispatch_experts + shared), fwd+bwd: %.3f ms\n",
+  std::printf("whole layer (%lld x %lld tokens, router + experts backend), fwd+bwd: %.3f ms\n",
               static_cast<long long>(x.size(0)), static_cast<long long>(seq), layer);
   at::autocast::set_autocast_enabled(at::kCUDA, false);
   return 0;

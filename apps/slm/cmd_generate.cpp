@@ -11,6 +11,7 @@
 #include "slm/data/byte_tokenizer.h"
 #include "slm/engine/generation.h"
 #include "slm/io/run_dir.h"
+#include "slm/model/backend_summary.h"
 #include "slm/model/hybrid_lm.h"
 #include "slm/model/sampler.h"
 #include "slm/model/weights.h"
@@ -107,6 +108,7 @@ void generate_single(GenerateOptions o) {
     if (!quantized.empty())
       std::cerr << "slm: NVFP4 checkpoint: " << quantized.size() << " weights run in NVFP4, dequantized on the fly\n";
   }
+  std::cerr << "slm: layers run " << model::backend_summary(m) << "\n";
   const engine::GenerationOptions go = generation_options(o);
   std::vector<int64_t> ids;
   engine::GenerationStats stats;

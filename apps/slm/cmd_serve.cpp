@@ -4,9 +4,11 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "commands.h"
+#include "slm/model/backend_summary.h"
 #include "slm/recipe/ensemble.h"
 #include "slm/server/http_server.h"
 #include "slm/util/error.h"
@@ -54,6 +56,8 @@ void run_serve(ServeFlags f) {
     bytes += s->weight_bytes;
     if (s->weights == "random")
       say("warning: " + s->name + " runs RANDOM weights (no checkpoint): its answers are noise");
+    const std::lock_guard<std::mutex> turn(*s->model.in_use);  // the engine's thread may be warming the model up
+    say(s->name + " runs " + model::backend_summary(*s->model.model));
   }
   say(std::to_string(specialists.all().size()) + " specialist(s) loaded in " +
       std::to_string(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()).substr(0, 5) +

@@ -51,7 +51,7 @@ std::vector<Problem> toy_problems() {
 std::shared_ptr<model::HybridLM> micro_model(uint64_t seed) {
   auto m = test::serving_model(seed);
   torch::NoGradGuard ng;
-  m->lm_head->weight[9].zero_();
+  m->lm_head->weight.dense()[9].zero_();
   return m;
 }
 

@@ -82,9 +82,9 @@ TEST(Attention, LayerMatchesPipelineOnPlainReference) {
     auto x = torch::randn({2, 11, 16});
     // RoPE (half split) then QK-norm, GQA by repeating kv heads, plain softmax attention.
     auto h = at::rms_norm(x, {16}, layer->norm->weight, 1e-5);
-    auto q = torch::matmul(h, a.wq->weight.t()).view({2, 11, 4, 8});
-    auto k = torch::matmul(h, a.wk->weight.t()).view({2, 11, 2, 8});
-    auto v = torch::matmul(h, a.wv->weight.t()).view({2, 11, 2, 8});
+    auto q = torch::matmul(h, a.wq->weight.dense().t()).view({2, 11, 4, 8});
+    auto k = torch::matmul(h, a.wk->weight.dense().t()).view({2, 11, 2, 8});
+    auto v = torch::matmul(h, a.wv->weight.dense().t()).view({2, 11, 2, 8});
     auto pos = torch::arange(11, torch::kDouble).view({1, 11, 1, 1});
     auto freq = torch::pow(500.0, -torch::arange(4, torch::kDouble) / 4.0).view({1, 1, 1, 4});
     auto rot = [&](const torch::Tensor& t) {
@@ -99,7 +99,7 @@ TEST(Attention, LayerMatchesPipelineOnPlainReference) {
     q = rms(rot(q), a.q_norm->weight).transpose(1, 2);
     k = rms(rot(k), a.k_norm->weight).transpose(1, 2);
     auto o = ops::causal_attention_ref(q, k, v.transpose(1, 2), window).transpose(1, 2).reshape({2, 11, 32});
-    auto expected = torch::matmul(o, a.wo->weight.t());
+    auto expected = torch::matmul(o, a.wo->weight.dense().t());
     EXPECT_LT(max_abs_diff(layer->forward(x), expected), 1e-5) << "window " << window;
   }
 }

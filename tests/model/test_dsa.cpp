@@ -190,11 +190,11 @@ TEST(DsaIndexer, ScoresMatchFloat64Loop) {
     }
     return out;
   };
-  auto kraw = torch::matmul(h[0], ix.wk->weight.t());  // [t, dim]
+  auto kraw = torch::matmul(h[0], ix.wk->weight.dense().t());  // [t, dim]
   auto mean = kraw.mean(-1, true), var = (kraw - mean).pow(2).mean(-1, true);
   auto kn = (kraw - mean) / torch::sqrt(var + 1e-5) * ix.k_norm->weight + ix.k_norm->bias;
-  auto q = torch::matmul(h[0], ix.wq->weight.t()).view({t, heads, dim});
-  auto w = torch::matmul(h[0], ix.weights_proj->weight.t()) / std::sqrt(double(heads * dim));
+  auto q = torch::matmul(h[0], ix.wq->weight.dense().t()).view({t, heads, dim});
+  auto w = torch::matmul(h[0], ix.weights_proj->weight.dense().t()) / std::sqrt(double(heads * dim));
   for (int64_t p = 0; p < t; ++p)
     for (int64_t s = 0; s < t; ++s) {
       double expected = 0;
@@ -241,14 +241,14 @@ TEST(DsaLayer, SparseOutputIsAttentionOverTheSelectedKeys) {
   auto h = rms(x, layer->norm->weight);
   const model::Rope rope(4, 500);
   const model::RotaryPositions pos{0, {}, t};
-  auto q = rms(rope(torch::matmul(h, a.wq->weight.t()).view({b, t, 4, 4}), pos), a.q_norm->weight);
-  auto k = rms(rope(torch::matmul(h, a.wk->weight.t()).view({b, t, 2, 4}), pos), a.k_norm->weight);
-  auto v = torch::matmul(h, a.wv->weight.t()).view({b, t, 2, 4});
+  auto q = rms(rope(torch::matmul(h, a.wq->weight.dense().t()).view({b, t, 4, 4}), pos), a.q_norm->weight);
+  auto k = rms(rope(torch::matmul(h, a.wk->weight.dense().t()).view({b, t, 2, 4}), pos), a.k_norm->weight);
+  auto v = torch::matmul(h, a.wv->weight.dense().t()).view({b, t, 2, 4});
   auto& ix = *layer->indexer();
   auto index = model::dsa_select(ix.scores(h, ix.keys(h, pos), pos), 0.3, 2, 0);
   ASSERT_LT(index.ge(0).sum().item<int64_t>(), b * t * (t + 1) / 2);  // something was left out
   auto o = ops::sparse_attention_ref(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), index, 0.5).out;
-  auto expected = torch::matmul(o.transpose(1, 2).reshape({b, t, 16}), a.wo->weight.t());
+  auto expected = torch::matmul(o.transpose(1, 2).reshape({b, t, 16}), a.wo->weight.dense().t());
   EXPECT_LT(max_rel_diff(layer->forward(x), expected), 1e-12);
 }
 
@@ -273,7 +273,7 @@ TEST(DsaLayer, KlIsZeroWhenTheIndexerReproducesTheAttention) {
       EXPECT_LT(std::abs(layer->indexer()->loss().item<double>()), 1e-12) << "mla " << mla;
       {
         torch::NoGradGuard no_grad;
-        layer->indexer()->weights_proj->weight.normal_(0.0, 3.0);
+        layer->indexer()->weights_proj->weight.dense().normal_(0.0, 3.0);
       }
       layer->forward(x);
       EXPECT_GT(layer->indexer()->loss().item<double>(), 1e-4);

@@ -139,8 +139,8 @@ TEST(Engram, ForwardMatchesAPerPositionReference) {
       std::vector<torch::Tensor> parts;
       for (size_t g = 0; g < 4; ++g) parts.push_back(e->table[naive_row(*e, seq, t, g)]);
       auto mem = torch::cat(parts);  // [d_e]
-      auto v = torch::mv(e->wv->weight, mem);
-      auto k = torch::mv(e->wk->weight, mem).view({n, D});
+      auto v = torch::mv(e->wv->weight.dense(), mem);
+      auto k = torch::mv(e->wk->weight.dense(), mem).view({n, D});
       std::vector<torch::Tensor> g_m, z_m;
       for (int64_t s = 0; s < n; ++s) {
         const double dot =

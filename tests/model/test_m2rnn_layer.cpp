@@ -39,7 +39,7 @@ TEST(M2RNNLayer, Initialisation) {
   auto dt = torch::softplus(m.dt_bias);
   EXPECT_GE(dt.min().item<double>(), 1e-3 * (1 - 1e-9));
   EXPECT_LE(dt.max().item<double>(), 0.1 * (1 + 1e-9));
-  EXPECT_EQ(m.out_proj->weight.abs().max().item<double>(), 0.0);
+  EXPECT_EQ(m.out_proj->weight.dense().abs().max().item<double>(), 0.0);
 }
 
 TEST(M2RNNLayer, DecodeAndPrefillMatchForward) {

@@ -37,7 +37,7 @@ std::shared_ptr<model::AttentionLayer> mla_layer(const Recipe& r, uint64_t seed)
   torch::manual_seed(seed);
   randomize(*layer, 0.3);
   torch::NoGradGuard no_grad;
-  layer->mla->wo->weight.normal_(0.0, 0.3);
+  layer->mla->wo->weight.dense().normal_(0.0, 0.3);
   return layer;
 }
 
@@ -63,13 +63,13 @@ torch::Tensor naive_mla(const model::AttentionLayer& layer, const torch::Tensor&
   const auto& m = *layer.mla;
   const int64_t b = x.size(0), t = x.size(1), heads = m.heads, nope = m.nope_dim, rope = m.rope_dim, dv = m.v_dim;
   auto h = rms(x, layer.norm->weight);
-  auto q = m.q_lora_rank > 0
-               ? torch::matmul(rms(torch::matmul(h, m.wq_a->weight.t()), m.q_a_norm->weight), m.wq_b->weight.t())
-               : torch::matmul(h, m.wq->weight.t());
+  auto q = m.q_lora_rank > 0 ? torch::matmul(rms(torch::matmul(h, m.wq_a->weight.dense().t()), m.q_a_norm->weight),
+                                             m.wq_b->weight.dense().t())
+                             : torch::matmul(h, m.wq->weight.dense().t());
   q = q.view({b, t, heads, nope + rope});
-  auto kv = torch::matmul(h, m.wkv_a->weight.t());
+  auto kv = torch::matmul(h, m.wkv_a->weight.dense().t());
   auto latent = rms(kv.narrow(2, 0, m.kv_lora_rank), m.kv_a_norm->weight);
-  auto kvb = torch::matmul(latent, m.wkv_b->weight.t()).view({b, t, heads, nope + dv});
+  auto kvb = torch::matmul(latent, m.wkv_b->weight.dense().t()).view({b, t, heads, nope + dv});
   auto o = torch::zeros({b, t, heads, dv}, kF64);
   for (int64_t i = 0; i < b; ++i)
     for (int64_t hd = 0; hd < heads; ++hd)
@@ -89,7 +89,7 @@ torch::Tensor naive_mla(const model::AttentionLayer& layer, const torch::Tensor&
         for (double& sc : scores) z += (sc = std::exp(sc - top));
         for (size_t j = 0; j < keys.size(); ++j) o[i][p][hd] += scores[j] / z * kvb[i][keys[j]][hd].narrow(0, nope, dv);
       }
-  return torch::matmul(o.reshape({b, t, heads * dv}), m.wo->weight.t());
+  return torch::matmul(o.reshape({b, t, heads * dv}), m.wo->weight.dense().t());
 }
 
 }  // namespace

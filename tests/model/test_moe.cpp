@@ -2,6 +2,7 @@
 // per-expert loop and the float64 reference (CPU, and CUDA when present), what the balancing bias may and may
 // not change, the aux-loss-free balancing loop, router statistics and the sequence-wise aux loss.
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <c10/cuda/CUDAFunctions.h>  // the sync debug mode; in the CUDA-enabled libtorch both builds link
 
 #include <algorithm>
@@ -25,9 +26,9 @@ Recipe moe_recipe(double aux_weight = 0.0) {
   return parse(j);
 }
 
-model::MoE random_moe(double aux_weight = 0.0) {
-  model::MoE m(moe_recipe(aux_weight), torch::TensorOptions());
-  torch::manual_seed(4);
+model::MoE random_moe(double aux_weight = 0.0, torch::ScalarType dtype = torch::kFloat, uint64_t seed = 4) {
+  model::MoE m(moe_recipe(aux_weight), torch::TensorOptions().dtype(dtype));
+  torch::manual_seed(seed);
   torch::NoGradGuard no_grad;
   for (auto& p : m->parameters()) p.normal_(0.0, 0.3);
   return m;
@@ -60,7 +61,7 @@ std::vector<torch::Tensor> output_and_grads(model::MoEImpl& m, const torch::Tens
   auto x = u.detach().requires_grad_();
   auto y = path(x, m.route_tokens(x), *m.experts);
   auto g = torch::autograd::grad({(y.to(up.scalar_type()) * up).sum()},
-                                 {x, m.experts->w13, m.experts->w2, m.router->weight});
+                                 {x, m.experts->w13.dense(), m.experts->w2.dense(), m.router->weight.dense()});
   return {y, g[0], g[1], g[2], g[3]};
 }
 
@@ -89,8 +90,9 @@ TEST(MoE, SortedDispatchMatchesDenseReference) {
   torch::manual_seed(5);
   auto u = torch::randn({37, 16});
   auto routing = m->route_tokens(u);
-  EXPECT_LT(max_abs_diff(model::dispatch_experts(u, routing, *m->experts),
-                         model::dense_experts_reference(u, routing, *m->experts)),
+  EXPECT_STREQ(m->experts_backend(u).name(), "moe.loop");
+  EXPECT_LT(max_abs_diff(m->experts_backend(u).run(u, routing),
+                         model::dense_experts_reference(u, routing, *m->experts) + m->shared(u)),
             1e-5);
   auto h = torch::randn({3, 9, 16});
   EXPECT_LT(max_abs_diff(m->forward(h), m->forward_reference(h)), 1e-5);
@@ -100,9 +102,9 @@ TEST(MoE, DispatchGradientsMatchDenseReference) {
   single_threaded();
   auto m = random_moe();
   auto u = torch::randn({20, 16}, torch::requires_grad());
-  auto w13 = m->experts->w13, w2 = m->experts->w2;
+  auto w13 = m->experts->w13.dense(), w2 = m->experts->w2.dense();
   const auto& ex = *m->experts;
-  auto g1 = torch::autograd::grad({model::dispatch_experts(u, m->route_tokens(u), ex).pow(2).sum()}, {u, w13, w2});
+  auto g1 = torch::autograd::grad({model::loop_experts(u, m->route_tokens(u), ex).pow(2).sum()}, {u, w13, w2});
   auto g2 =
       torch::autograd::grad({model::dense_experts_reference(u, m->route_tokens(u), ex).pow(2).sum()}, {u, w13, w2});
   for (size_t i = 0; i < g1.size(); ++i) EXPECT_LT(max_abs_diff(g1[i], g2[i]), 1e-4) << i;
@@ -216,7 +218,7 @@ TEST(MoE, SequenceAuxLossFollowsTheFormulaAndIsOffByDefault) {
     }
   }
   EXPECT_NEAR(on->aux_loss().item<double>(), 0.1 * expected, 1e-6);
-  auto g = torch::autograd::grad({on->aux_loss()}, {on->router->weight});
+  auto g = torch::autograd::grad({on->aux_loss()}, {on->router->weight.dense()});
   EXPECT_GT(g[0].abs().sum().item<double>(), 0.0);
 }
 
@@ -254,19 +256,20 @@ TEST(MoE, GroupedExpertsMatchFloat64DenseReference) {
   auto x = u.clone().requires_grad_();
   auto y = model::grouped_experts(x, r, *m->experts);
   EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
-  auto g = torch::autograd::grad({(y.to(torch::kDouble) * up).sum()}, {x, m->experts->w13, m->experts->w2});
+  auto g =
+      torch::autograd::grad({(y.to(torch::kDouble) * up).sum()}, {x, m->experts->w13.dense(), m->experts->w2.dense()});
   EXPECT_EQ(g[1].scalar_type(), torch::kFloat);
 
   // The reference: every expert on every token in float64, from the same bf16-rounded weights.
   model::Experts ref(8, 32, 16, torch::TensorOptions().dtype(torch::kDouble));
   {
     torch::NoGradGuard no_grad;
-    ref->w13.copy_(m->experts->w13.to(torch::kBFloat16));
-    ref->w2.copy_(m->experts->w2.to(torch::kBFloat16));
+    ref->w13.dense().copy_(m->experts->w13.dense().to(torch::kBFloat16));
+    ref->w2.dense().copy_(m->experts->w2.dense().to(torch::kBFloat16));
   }
   auto x64 = u.to(torch::kDouble).requires_grad_();
   auto y64 = model::dense_experts_reference(x64, r, *ref);
-  auto g64 = torch::autograd::grad({(y64 * up).sum()}, {x64, ref->w13, ref->w2});
+  auto g64 = torch::autograd::grad({(y64 * up).sum()}, {x64, ref->w13.dense(), ref->w2.dense()});
   // bf16 rounds the hidden activations, the gated outputs and their sum (2^-9 relative each, compounding
   // through SwiGLU and the second GEMM), and the gradients likewise on the way back: about 1e-2 of the largest
   // value at worst over 20 random draws of this setup, so 2e-2.
@@ -310,12 +313,7 @@ TEST(MoE, CudaGroupedTrainingStepReadsNothingBackToTheHost) {
 
 TEST(MoE, GatheredExpertsEqualTheLoopInFloat64) {
   single_threaded();
-  model::MoE m(moe_recipe(), torch::TensorOptions().dtype(torch::kDouble));
-  torch::manual_seed(13);
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : m->parameters()) p.normal_(0.0, 0.3);
-  }
+  auto m = random_moe(0.0, torch::kDouble, 13);
   // One token is a decode step; several tokens share experts (the loop then runs an expert on two rows).
   for (int64_t n : {1, 2, 5, 16}) {
     auto u = torch::randn({n, 16}, torch::kDouble);
@@ -339,15 +337,16 @@ TEST(MoE, CudaNvfp4ExpertsGatheredByIdEqualTheLoop) {
   if (!nvfp4::cuda_kernels_built()) GTEST_SKIP() << "built without SLM_CUDA";
   const auto cuda = torch::TensorOptions().device(torch::kCUDA);
   auto m = aligned_moe(cuda);
-  auto q13 = nvfp4::quantize(m->experts->w13.detach().cpu()), q2 = nvfp4::quantize(m->experts->w2.detach().cpu());
+  auto q13 = nvfp4::quantize(m->experts->w13.dense().detach().cpu()),
+       q2 = nvfp4::quantize(m->experts->w2.dense().detach().cpu());
   model::Experts dequantized(8, 32, 16, cuda);
   {
     torch::NoGradGuard no_grad;
-    dequantized->w13.copy_(nvfp4::dequantize(q13, torch::kFloat));
-    dequantized->w2.copy_(nvfp4::dequantize(q2, torch::kFloat));
+    dequantized->w13.dense().copy_(nvfp4::dequantize(q13, torch::kFloat));
+    dequantized->w2.dense().copy_(nvfp4::dequantize(q2, torch::kFloat));
   }
-  m->experts->use_nvfp4("w13", q13, "w13");
-  m->experts->use_nvfp4("w2", q2, "w2");
+  m->experts->w13.use_nvfp4(q13, "w13");
+  m->experts->w2.use_nvfp4(q2, "w2");
   torch::NoGradGuard no_grad;
   torch::manual_seed(15);
   for (int64_t n : {1, 3, 40}) {
@@ -370,18 +369,140 @@ TEST(MoE, Nvfp4ExpertsAreNeverGathered) {
   auto routing = m->route_tokens(u);
   // bmm cannot read NVFP4 codes: a decode step keeps the per-expert loop (nvfp4::linear), which computes with the
   // dequantized weights.
-  auto q13 = nvfp4::quantize(m->experts->w13.detach()), q2 = nvfp4::quantize(m->experts->w2.detach());
+  auto q13 = nvfp4::quantize(m->experts->w13.dense().detach()), q2 = nvfp4::quantize(m->experts->w2.dense().detach());
   model::Experts dequantized(8, 16, 12, torch::TensorOptions());
   {
     torch::NoGradGuard no_grad;
-    dequantized->w13.copy_(nvfp4::dequantize(q13, torch::kFloat));
-    dequantized->w2.copy_(nvfp4::dequantize(q2, torch::kFloat));
+    dequantized->w13.dense().copy_(nvfp4::dequantize(q13, torch::kFloat));
+    dequantized->w2.dense().copy_(nvfp4::dequantize(q2, torch::kFloat));
   }
-  m->experts->use_nvfp4("w13", q13, "w13");
-  m->experts->use_nvfp4("w2", q2, "w2");
+  m->experts->w13.use_nvfp4(q13, "w13");
+  m->experts->w2.use_nvfp4(q2, "w2");
   EXPECT_THROW(model::gathered_experts(u, routing, *m->experts), Error);
   torch::NoGradGuard no_grad;
-  EXPECT_LT(max_abs_diff(model::dispatch_experts(u, routing, *m->experts),
-                         model::dense_experts_reference(u, routing, *dequantized)),
+  EXPECT_STREQ(m->experts_backend(u).name(), "moe.loop");
+  EXPECT_LT(max_abs_diff(m->experts_backend(u).run(u, routing),
+                         model::dense_experts_reference(u, routing, *dequantized) + m->shared(u)),
             1e-5);
+}
+
+namespace {
+// One rank holding every expert: the exchanges send each row to itself.
+class OneRank final : public model::ExpertGroup {
+ public:
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+  torch::Tensor exchange(const torch::Tensor& x, const std::vector<int64_t>&, const std::vector<int64_t>&) override {
+    return x.clone();
+  }
+};
+
+std::string plan_names(const model::ExpertsPlan& p) {
+  return std::string(p.few->name()) + " <=" + std::to_string(p.few_assignments) + " / " + p.many->name();
+}
+}  // namespace
+
+// The table, row by row, as the issue lists the backends (the facts are given, so the GPU rows are read on the CPU
+// too; the backends are built, not run).
+TEST(MoE, OneTablePicksTheBackendsFromTheFacts) {
+  auto m = aligned_moe();
+  auto& e = *m->experts;
+  auto plan = [&](model::ExpertsFacts f) { return plan_names(model::plan_experts(f, e, m->shared, 8)); };
+  using F = model::ExpertsFacts;
+  EXPECT_EQ(plan(F{}), "moe.loop <=0 / moe.loop");
+  EXPECT_EQ(plan(F{true, torch::kBFloat16}), "moe.gathered_decode <=8 / moe.grouped");
+  EXPECT_EQ(plan(F{true, torch::kFloat, 0, /*bf16_autocast=*/true}), "moe.gathered_decode <=8 / moe.grouped");
+  EXPECT_EQ(plan(F{true, torch::kFloat}), "moe.gathered_decode <=8 / moe.loop");
+  EXPECT_EQ(plan(F{true, torch::kDouble, 0, true}), "moe.gathered_decode <=8 / moe.loop");
+  OneRank group;
+  EXPECT_EQ(plan(F{true, torch::kBFloat16, 0, true, &group}), "moe.expert_parallel <=0 / moe.expert_parallel");
+  // Sizes _grouped_mm cannot take (hidden 12): the loop.
+  auto odd = random_moe();
+  EXPECT_EQ(plan_names(model::plan_experts(F{true, torch::kBFloat16}, *odd->experts, odd->shared, 8)),
+            "moe.gathered_decode <=8 / moe.loop");
+  EXPECT_THROW(model::make_experts_backend(model::ExpertsBackendKind::Nvfp4Gathered, e, m->shared), Error);
+  e.w13.use_nvfp4(nvfp4::quantize(e.w13.dense().detach()), "w13");
+  EXPECT_EQ(plan(F{true, torch::kFloat, 1}), "moe.loop <=0 / moe.loop");
+  e.w2.use_nvfp4(nvfp4::quantize(e.w2.dense().detach()), "w2");
+  EXPECT_EQ(plan(F{true, torch::kFloat, 2}), "moe.nvfp4_gathered <=128 / moe.loop");
+  EXPECT_EQ(plan(F{false, torch::kFloat, 2}), "moe.loop <=0 / moe.loop");
+  EXPECT_THROW(model::make_experts_backend(model::ExpertsBackendKind::Grouped, e, m->shared), Error);
+}
+
+// The layer picks from its own facts and picks again when they change: the CPU loops, a spread layer runs
+// expert-parallel; the few-row backend takes calls of up to few_assignments assignments (k = 3 here).
+TEST(MoE, TheLayerPicksAgainWhenItsFactsChange) {
+  auto m = aligned_moe();
+  EXPECT_EQ(m->backend_names(), "moe.loop");
+  m->spread_experts(std::make_shared<OneRank>());
+  EXPECT_EQ(m->backend_names(), "moe.expert_parallel");
+  model::ExpertsPlan p = model::plan_experts(model::ExpertsFacts{true, torch::kBFloat16}, *m->experts, m->shared, 8);
+  EXPECT_STREQ(p.for_call(torch::zeros({2, 32}), 3).name(), "moe.gathered_decode");  // 6 assignments
+  EXPECT_STREQ(p.for_call(torch::zeros({3, 32}), 3).name(), "moe.grouped");          // 9
+}
+
+// A layer without shared experts (its SwiGLU holder empty) builds and runs every backend: the routed output alone.
+TEST(MoE, BackendsOfALayerWithoutSharedExperts) {
+  auto j = nlohmann::json::parse(R"({
+    "name": "e", "vocab_size": 16, "d_model": 32, "depth": 1, "pattern": "E", "seq_len": 32,
+    "moe": {"routed_experts": 8, "experts_per_token": 2, "expert_hidden": 16, "shared_experts": 0}
+  })");
+  model::MoE m(parse(j), torch::TensorOptions().dtype(torch::kDouble));
+  ASSERT_TRUE(m->shared.is_empty());
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->parameters()) p.normal_(0.0, 0.3);
+  auto u = torch::randn({3, 32}, torch::kDouble);
+  auto routing = m->route_tokens(u);
+  auto ref = model::dense_experts_reference(u, routing, *m->experts);
+  OneRank group;
+  using K = model::ExpertsBackendKind;
+  for (auto kind : {K::Loop, K::GatheredDecode, K::ExpertParallel, K::Grouped}) {
+    auto b = model::make_experts_backend(kind, *m->experts, m->shared, &group, 8);
+    EXPECT_LT(rel_diff(b->run(u, routing).to(torch::kDouble), ref), kind == K::Grouped ? 2e-2 : 1e-12) << b->name();
+  }
+  EXPECT_EQ(m->forward(u.view({1, 3, 32})).size(2), 32);
+}
+
+// Each backend that runs on the CPU computes the routed and shared experts of the dense reference: the loop, the
+// gathered decode (bmm on the CPU) and expert-parallel over one rank exactly in FP64, the grouped GEMMs to BF16.
+TEST(MoE, EveryBackendComputesTheDenseReference) {
+  single_threaded();
+  auto m = aligned_moe(torch::TensorOptions().dtype(torch::kDouble));  // sizes _grouped_mm takes
+  OneRank group;
+  torch::NoGradGuard no_grad;
+  for (int64_t n : {1, 2, 19}) {
+    auto u = torch::randn({n, 32}, torch::kDouble);
+    auto routing = m->route_tokens(u);
+    auto ref = model::dense_experts_reference(u, routing, *m->experts) + m->shared(u);
+    using K = model::ExpertsBackendKind;
+    for (auto [kind, tol] : std::vector<std::pair<K, double>>{
+             {K::Loop, 1e-12}, {K::GatheredDecode, 1e-12}, {K::ExpertParallel, 1e-12}, {K::Grouped, 2e-2}}) {
+      auto b = model::make_experts_backend(kind, *m->experts, m->shared, &group, 8);
+      EXPECT_LT(rel_diff(b->run(u, routing).to(torch::kDouble), ref), tol) << b->name() << " " << n;
+    }
+  }
+}
+
+namespace {
+std::vector<std::string>* g_recorded = nullptr;
+std::unique_ptr<at::ObserverContext> record_name(const at::RecordFunction& fn) {
+  if (g_recorded) g_recorded->push_back(fn.name());
+  return nullptr;
+}
+}  // namespace
+
+// The profiler sees the backend by name: a RecordFunction observer (what torch's profiler registers) records the
+// scopes of a forward.
+TEST(MoE, TheProfilerSeesTheBackendByName) {
+  auto m = aligned_moe();
+  std::vector<std::string> names;
+  g_recorded = &names;
+  auto handle = at::addThreadLocalCallback(at::RecordFunctionCallback(record_name));
+  {
+    torch::NoGradGuard no_grad;
+    m->forward(torch::randn({1, 5, 32}));
+  }
+  at::removeCallback(handle);
+  g_recorded = nullptr;
+  EXPECT_NE(std::find(names.begin(), names.end(), "moe.loop"), names.end());
 }

@@ -131,7 +131,7 @@ TEST(CrossEntropyCuda, ModelLossUnderAutocastMatchesItsFP32Logits) {
   model::HybridLM m(r, torch::TensorOptions().device(torch::kCUDA));
   {
     torch::NoGradGuard no_grad;
-    m.lm_head->weight.normal_(0.0, 0.2);  // away from the near-uniform start, so that the targets matter
+    m.lm_head->weight.dense().normal_(0.0, 0.2);  // away from the near-uniform start, so that the targets matter
   }
   auto opts = torch::TensorOptions().dtype(torch::kLong).device(torch::kCUDA);
   auto x = torch::randint(512, {2, 33}, opts);
@@ -150,6 +150,6 @@ TEST(CrossEntropyCuda, ModelLossUnderAutocastMatchesItsFP32Logits) {
   ASSERT_EQ(out.mtp.size(), 1u);
   EXPECT_NEAR(out.mtp[0].item<double>(), ahead.loss, 1e-5 * ahead.loss);
   out.total.backward();  // the fused backward runs inside the model's graph
-  EXPECT_TRUE(m.lm_head->weight.grad().defined());
-  EXPECT_TRUE(torch::isfinite(m.lm_head->weight.grad()).all().item<bool>());
+  EXPECT_TRUE(m.lm_head->weight.dense().grad().defined());
+  EXPECT_TRUE(torch::isfinite(m.lm_head->weight.dense().grad()).all().item<bool>());
 }

@@ -505,8 +505,9 @@ TEST(DecodeFusionsCuda, SwigluCombineEqualsTheFloat64Experts) {
       auto m = decode_moe(shared_experts, 48, 40, dt);
       const auto h = torch::randn({1, 2, 64}).cuda().to(dt);  // two tokens, 8 assignments: the decode path
       // The layer takes the combine kernel here (else both sides below would be the tensor ops).
-      ASSERT_TRUE(ops::gathered_swiglu_combine_fusable(h.view({2, 64}), m->experts->w2, 4,
-                                                       shared_experts ? m->shared->w2->weight : torch::Tensor()));
+      ASSERT_TRUE(
+          ops::gathered_swiglu_combine_fusable(h.view({2, 64}), m->experts->w2.dense(), 4,
+                                               shared_experts ? m->shared->w2->weight.dense() : torch::Tensor()));
       const auto fused = m->forward(h).to(torch::kFloat);
       ops::set_fused_kernels(false);
       const auto tensor_ops = m->forward(h).to(torch::kFloat);
@@ -569,16 +570,16 @@ TEST(DecodeFusionsCuda, SwigluCombineNvfp4EqualsTheFloat64Experts) {
 
   for (const int64_t shared_experts : {1, 0}) {
     auto m = decode_moe(shared_experts, 64, 96, torch::kBFloat16);
-    m->experts->use_nvfp4("w13", nvfp4::quantize(m->experts->w13.cpu().to(torch::kFloat)), "w13");
-    m->experts->use_nvfp4("w2", nvfp4::quantize(m->experts->w2.cpu().to(torch::kFloat)), "w2");
+    m->experts->w13.use_nvfp4(nvfp4::quantize(m->experts->w13.dense().cpu().to(torch::kFloat)), "w13");
+    m->experts->w2.use_nvfp4(nvfp4::quantize(m->experts->w2.dense().cpu().to(torch::kFloat)), "w2");
     if (shared_experts) {
-      m->shared->w13->use_nvfp4(nvfp4::quantize(m->shared->w13->weight.cpu().to(torch::kFloat)), "s13");
-      m->shared->w2->use_nvfp4(nvfp4::quantize(m->shared->w2->weight.cpu().to(torch::kFloat)), "s2");
+      m->shared->w13->weight.use_nvfp4(nvfp4::quantize(m->shared->w13->weight.dense().cpu().to(torch::kFloat)), "s13");
+      m->shared->w2->weight.use_nvfp4(nvfp4::quantize(m->shared->w2->weight.dense().cpu().to(torch::kFloat)), "s2");
     }
     const auto h = torch::randn({1, 2, 64}).cuda().to(torch::kBFloat16);  // two tokens, 8 assignments
     ASSERT_TRUE(ops::gathered_swiglu_combine_nvfp4_fusable(
-        h, nvfp4::as_stack(*m->experts->q2_stacked), 4,
-        shared_experts ? nvfp4::as_stack(*m->shared->w2->qweight) : ops::Nvfp4Stack{}));
+        h, nvfp4::as_stack(m->experts->w2.nvfp4()), 4,
+        shared_experts ? nvfp4::as_stack(m->shared->w2->weight.nvfp4()) : ops::Nvfp4Stack{}));
     const auto fused = m->forward(h).to(torch::kFloat);
     ops::set_fused_kernels(false);
     const auto unfused = m->forward(h).to(torch::kFloat);

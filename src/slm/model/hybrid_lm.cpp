@@ -51,7 +51,7 @@ HybridLM::HybridLM(const Recipe& recipe, const torch::TensorOptions& options)
   lm_head = register_module("lm_head", Linear(d, recipe_.vocab_size, options));
   {
     torch::NoGradGuard no_grad;
-    lm_head->weight.normal_(0.0, 0.001);  // near-uniform first predictions (nanochat)
+    lm_head->weight.dense().normal_(0.0, 0.001);  // near-uniform first predictions (nanochat)
   }
   if (plan_.mtp_depth > 0) {
     mtp_list_ = register_module("mtp", torch::nn::ModuleList());

@@ -4,12 +4,8 @@
 
 #include <cmath>
 
-#include "slm/ops/gathered_linear.h"
 #include "slm/ops/rms_norm.h"
 #include "slm/ops/swiglu.h"
-#include "slm/quant/nvfp4_linear.h"
-#include "slm/util/error.h"
-#include "slm/util/format.h"
 
 namespace slm::model {
 
@@ -19,34 +15,9 @@ void init_fan_in_uniform(torch::Tensor& w, int64_t fan_in, double gain) {
   w.uniform_(-bound, bound);
 }
 
-LinearImpl::LinearImpl(int64_t in, int64_t out, const torch::TensorOptions& options) {
-  weight = register_parameter("weight", torch::empty({out, in}, options));
-  init_fan_in_uniform(weight, in);
-}
-
-torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
-  return linear_or_nvfp4(x, weight, qweight ? &*qweight : nullptr);
-}
-
-void LinearImpl::use_nvfp4(nvfp4::QTensor q, const std::string& name) {
-  qweight = replace_by_nvfp4(weight, std::move(q), name);
-}
-
-torch::Tensor linear_or_nvfp4(const torch::Tensor& x, const torch::Tensor& w, const nvfp4::QTensor* q) {
-  if (!q) return ops::small_batch_linear(x, w);
-  if (x.requires_grad() && torch::GradMode::is_enabled())
-    throw Error("NVFP4 weights are inference-only: the input requires a gradient (load a dense checkpoint to train)");
-  return nvfp4::linear(x, *q, x.scalar_type());
-}
-
-nvfp4::QTensor replace_by_nvfp4(torch::Tensor& w, nvfp4::QTensor q, const std::string& name) {
-  if (q.shape != w.sizes().vec())
-    throw Error("tensor " + name + " is NVFP4 of shape " + shape_text(q.shape) + ", the model needs " +
-                shape_text(w.sizes()));
-  nvfp4::QTensor on_device = q.to(w.device());
-  torch::NoGradGuard no_grad;
-  w.set_(torch::empty({0}, w.options()));  // frees the dense storage; the registered parameter is this tensor
-  return on_device;
+LinearImpl::LinearImpl(int64_t in, int64_t out, const torch::TensorOptions& options)
+    : weight(register_parameter("weight", torch::empty({out, in}, options))) {
+  init_fan_in_uniform(weight.dense(), in);
 }
 
 EmbeddingImpl::EmbeddingImpl(int64_t vocab, int64_t dim, const torch::TensorOptions& options) {
@@ -72,7 +43,7 @@ SwiGLUImpl::SwiGLUImpl(int64_t d_model, int64_t hidden, const torch::TensorOptio
   w2 = register_module("w2", Linear(hidden, d_model, options));
   // Output projections start at zero so a fresh layer is the identity on the residual stream (nanochat).
   torch::NoGradGuard no_grad;
-  w2->weight.zero_();
+  w2->weight.dense().zero_();
 }
 
 torch::Tensor swiglu_activation(const torch::Tensor& h) {

@@ -21,31 +21,15 @@ std::map<std::string, torch::Tensor> named_state(const HybridLM& model) {
 
 namespace {
 
-// A weight the model can run in NVFP4: a Linear's weight or one of the stacked expert tensors.
-struct Nvfp4Slot {
-  LinearImpl* linear = nullptr;
-  ExpertsImpl* experts = nullptr;
-  std::string which;  // experts: "w13" or "w2"
-
-  bool active() const {
-    return linear ? linear->qweight.has_value() : !(which == "w13" ? experts->q13 : experts->q2).empty();
-  }
-  void use(nvfp4::QTensor q, const std::string& name) const {
-    if (linear)
-      linear->use_nvfp4(std::move(q), name);
-    else
-      experts->use_nvfp4(which, std::move(q), name);
-  }
-};
-
-std::map<std::string, Nvfp4Slot> nvfp4_slots(const HybridLM& model) {
-  std::map<std::string, Nvfp4Slot> out;
+// Every weight the model can run in NVFP4, by parameter name: the Linears' weights and the stacked expert tensors.
+std::map<std::string, Weight*> nvfp4_slots(const HybridLM& model) {
+  std::map<std::string, Weight*> out;
   for (const auto& item : model.named_modules("", /*include_self=*/false)) {
     if (auto* lin = item.value()->as<LinearImpl>()) {
-      out[item.key() + ".weight"] = {lin, nullptr, ""};
+      out[item.key() + ".weight"] = &lin->weight;
     } else if (auto* ex = item.value()->as<ExpertsImpl>()) {
-      out[item.key() + ".w13"] = {nullptr, ex, "w13"};
-      out[item.key() + ".w2"] = {nullptr, ex, "w2"};
+      out[item.key() + ".w13"] = &ex->w13;
+      out[item.key() + ".w2"] = &ex->w2;
     }
   }
   return out;
@@ -133,7 +117,7 @@ void use_nvfp4_weights(HybridLM& model, std::map<std::string, nvfp4::QTensor> qu
   }
   if (quantized.empty()) return;
   for (auto& p : model.parameters()) p.requires_grad_(false);
-  for (auto& [name, q] : quantized) slots.at(name).use(std::move(q), name);
+  for (auto& [name, q] : quantized) slots.at(name)->use_nvfp4(std::move(q), name);
 }
 
 std::vector<std::string> nvfp4_weight_slots(const HybridLM& model) {
@@ -145,7 +129,7 @@ std::vector<std::string> nvfp4_weight_slots(const HybridLM& model) {
 std::vector<std::string> nvfp4_weights(const HybridLM& model) {
   std::vector<std::string> out;
   for (const auto& [name, slot] : nvfp4_slots(model))
-    if (slot.active()) out.push_back(name);
+    if (slot->is_nvfp4()) out.push_back(name);
   return out;
 }
 
@@ -162,11 +146,7 @@ WeightMemory weight_memory(const HybridLM& model) {
     m.devices.insert(q.codes.device().str());
   };
   for (const auto& [name, slot] : nvfp4_slots(model)) {
-    if (!slot.active()) continue;
-    if (slot.linear)
-      packed(*slot.linear->qweight);
-    else
-      for (const auto& q : slot.which == "w13" ? slot.experts->q13 : slot.experts->q2) packed(q);
+    if (slot->is_nvfp4()) packed(slot->nvfp4());
   }
   return m;
 }

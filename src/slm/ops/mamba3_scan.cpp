@@ -559,18 +559,23 @@ std::pair<at::Tensor, Mamba3State> mamba3_step_fused(const at::Tensor& proj, con
   return {y, next};
 }
 
-bool mamba3_fused(const Mamba3Projections& p, const Mamba3Weights& w) {
+bool mamba3_fused_supported(bool cuda, at::ScalarType dtype, int64_t headdim, int64_t d_state, int64_t angles,
+                            int64_t rank) {
 #ifdef SLM_WITH_CUDA
-  if (!p.x.defined() || !p.x.is_cuda() || p.x.dim() != 4 || p.x.scalar_type() == at::kDouble) return false;
+  return cuda && dtype != at::kDouble && cuda::mamba3_supported(headdim, d_state, angles, rank);
+#else
+  (void)cuda, (void)dtype, (void)headdim, (void)d_state, (void)angles, (void)rank;
+  return false;
+#endif
+}
+
+bool mamba3_fused(const Mamba3Projections& p, const Mamba3Weights& w) {
+  if (!p.x.defined() || p.x.dim() != 4) return false;
   if (!p.b.defined() || p.b.dim() != 5 || !p.angle.defined() || p.angle.dim() != 3) return false;
   // Rank R > 1 is MIMO: it comes with mimo_x (check_projections throws on the other combinations).
   const int64_t rank = p.b.size(2);
   if (w.mimo_x.defined() != (rank > 1)) return false;
-  return cuda::mamba3_supported(p.x.size(3), p.b.size(4), p.angle.size(2), rank);
-#else
-  (void)p, (void)w;
-  return false;
-#endif
+  return mamba3_fused_supported(p.x.is_cuda(), p.x.scalar_type(), p.x.size(3), p.b.size(4), p.angle.size(2), rank);
 }
 
 std::pair<at::Tensor, Mamba3State> mamba3_scan_fused(const Mamba3Projections& p, const Mamba3Weights& w,

@@ -93,6 +93,10 @@ std::pair<at::Tensor, Mamba3State> mamba3_step(const Mamba3Sequence& s, const Ma
 // Whether mamba3_scan_fused takes this layer: a CUDA build, CUDA inputs in FP32 or BF16, headdim 32 or 64, and SISO
 // with d_state 32, 64 or 128 or MIMO rank 2 or 4 with d_state 64 or 128.
 bool mamba3_fused(const Mamba3Projections& p, const Mamba3Weights& w);
+// The same asked of a layer's sizes, for inputs in dtype on a CUDA device or not (what Mamba3Impl picks its backend
+// from when weights load).
+bool mamba3_fused_supported(bool cuda, at::ScalarType dtype, int64_t headdim, int64_t d_state, int64_t angles,
+                            int64_t rank);
 
 // Preprocessing and the chunked scan in one: the same function as mamba3_preprocess followed by mamba3_scan_chunked
 // (y [B, T, H, R, P] in FP32, the state after the last token), with the keys built, rotated and scanned inside the

@@ -104,7 +104,7 @@ EngramImpl::EngramImpl(const Recipe& r, int layer, int streams_, const std::vect
   torch::NoGradGuard no_grad;
   table.normal_();
   // Like every output projection here, the value starts at zero: a fresh Engram adds nothing.
-  wv->weight.zero_();
+  wv->weight.dense().zero_();
 }
 
 torch::Tensor EngramImpl::rows(const torch::Tensor& ids, const torch::Tensor& window, const torch::Tensor& pos) const {
@@ -163,7 +163,7 @@ std::pair<torch::Tensor, torch::Tensor> EngramImpl::forward(const torch::Tensor&
 }
 
 EngramState EngramImpl::zero_state(int64_t batch) const {
-  const auto opts = wv->weight.options();
+  const auto opts = wv->weight.dense().options();
   return {torch::full({batch, orders.back() - 1}, vocab, opts.dtype(torch::kLong)),
           torch::zeros({batch, conv->tail(), streams * d_model}, opts)};
 }

@@ -23,7 +23,7 @@ AttentionImpl::AttentionImpl(const Recipe& r, const LayerPlan& plan, const torch
   wo = register_module("wo", Linear(heads * head_dim, d, options));
   {
     torch::NoGradGuard no_grad;
-    wo->weight.zero_();  // a fresh layer adds nothing to the residual stream
+    wo->weight.dense().zero_();  // a fresh layer adds nothing to the residual stream
   }
   if (r.attention->qk_norm) {
     q_norm = register_module("q_norm", RMSNorm(head_dim, r.norm_eps, options));
@@ -101,7 +101,7 @@ torch::Tensor AttentionImpl::step_on_device(const torch::Tensor& h, TokenCache& 
 std::unique_ptr<TokenCache> AttentionImpl::make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const {
   auto c = std::make_unique<TokenCache>(capacity, max_rollback);
   for (int i = 0; i < 2; ++i)
-    c->add_stream(torch::zeros({batch, kv_heads, capacity, head_dim}, wk->weight.options()), 2);
+    c->add_stream(torch::zeros({batch, kv_heads, capacity, head_dim}, wk->weight.dense().options()), 2);
   if (indexer) indexer->add_stream(*c, batch);
   return c;
 }

@@ -140,7 +140,7 @@ torch::Tensor DsaIndexerImpl::scores(const torch::Tensor& h, const torch::Tensor
 }
 
 int DsaIndexerImpl::add_stream(TokenCache& cache, int64_t batch) const {
-  return cache.add_stream(torch::zeros({batch, cache.capacity(), dim}, wk->weight.options()), 1);
+  return cache.add_stream(torch::zeros({batch, cache.capacity(), dim}, wk->weight.dense().options()), 1);
 }
 
 torch::Tensor DsaIndexerImpl::attend(const torch::Tensor& h, const torch::Tensor& q, const torch::Tensor& k,

@@ -66,7 +66,7 @@ M2RNNImpl::M2RNNImpl(const Recipe& r, const torch::TensorOptions& options) {
   D = register_parameter("D", torch::ones({heads, v_dim}, options));
   out_norm = register_module("out_norm", RMSNorm(heads * v_dim, r.norm_eps, options));
   out_proj = register_module("out_proj", Linear(heads * v_dim, r.d_model, options));
-  out_proj->weight.zero_();  // a fresh layer adds nothing to the residual stream, like the other mixers
+  out_proj->weight.dense().zero_();  // a fresh layer adds nothing to the residual stream, like the other mixers
 }
 
 M2RNNState M2RNNImpl::zero_state(int64_t batch) const {

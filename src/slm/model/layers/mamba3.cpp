@@ -1,5 +1,6 @@
 #include "slm/model/layers/mamba3.h"
 
+#include <ATen/record_function.h>
 #include <torch/torch.h>
 
 #include <cmath>
@@ -57,7 +58,7 @@ Mamba3Impl::Mamba3Impl(const Recipe& r, const torch::TensorOptions& options) {
   D = register_parameter("D", torch::ones({heads}, options));
   if (m.is_outproj_norm) out_norm = register_module("out_norm", RMSNorm(d_inner, kMamba3NormEps, options));
   out_proj = register_module("out_proj", Linear(d_inner, r.d_model, options));
-  out_proj->weight.zero_();  // a fresh layer adds nothing to the residual stream, like the other mixers
+  out_proj->weight.dense().zero_();  // a fresh layer adds nothing to the residual stream, like the other mixers
 }
 
 ops::Mamba3Weights Mamba3Impl::weights() const {
@@ -69,18 +70,67 @@ ops::Mamba3State Mamba3Impl::zero_state(int64_t batch) const {
   return ops::mamba3_zero_state(batch, heads, headdim, d_state, rank, angles, o);
 }
 
+const char* Mamba3Backend::name() const {
+  static const char* const names[3][2] = {
+      {"mamba3.sequential+step", "mamba3.sequential+fused_step"},
+      {"mamba3.chunked+step", "mamba3.chunked+fused_step"},
+      {"mamba3.fused_scan+step", "mamba3.fused_scan+fused_step"},
+  };
+  return names[static_cast<int>(scan)][static_cast<int>(step)];
+}
+
+Mamba3Backend Mamba3Impl::pick(const Facts& f) const {
+  using Scan = Mamba3Backend::Scan;
+  using Step = Mamba3Backend::Step;
+  Mamba3Backend b;
+  if (ops::mamba3_fused_supported(f.cuda, f.dtype, headdim, d_state, angles, rank)) b.scan = Scan::Fused;
+  // The fused step takes SISO layers (ops::mamba3_step_fusable): FP32 on the CPU; FP32 or BF16 with d_state a
+  // multiple of 4 on the GPU of a CUDA build; at most d_state / 2 angles. It has no backward: a call that needs a
+  // gradient runs the reference step (fused_step), which no training forward does (its sequences take the scan).
+#ifdef SLM_WITH_CUDA
+  const bool gpu_step = (f.dtype == torch::kFloat || f.dtype == torch::kBFloat16) && d_state % 4 == 0;
+#else
+  const bool gpu_step = false;
+#endif
+  const bool step_dtype = f.cuda ? gpu_step : f.dtype == torch::kFloat;
+  if (!mimo_x.defined() && step_dtype && 2 * angles <= d_state) b.step = Step::Fused;
+  return b;
+}
+
+const Mamba3Backend& Mamba3Impl::backend() {
+  if (forced_) return *forced_;
+  const Facts now{D.is_cuda(), D.scalar_type()};
+  if (!picked_for_ || !(*picked_for_ == now)) {
+    backend_ = pick(now);
+    picked_for_ = now;
+  }
+  return backend_;
+}
+
+void Mamba3Impl::force_backend(std::optional<Mamba3Backend> forced) {
+  forced_ = forced;
+}
+
+std::optional<std::pair<torch::Tensor, ops::Mamba3State>> Mamba3Impl::fused_step(const torch::Tensor& row,
+                                                                                 const ops::Mamba3State& state,
+                                                                                 const torch::Tensor& start,
+                                                                                 bool in_place) {
+  const auto w = weights();
+  if (start.defined() || row.requires_grad() || !ops::mamba3_step_fusable(row, w, state)) return std::nullopt;
+  return ops::mamba3_step_fused(row, step_layout(), w, state, in_place);
+}
+
 std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tensor& h, const ops::Mamba3State& state,
                                                                const torch::Tensor& start, bool state_in_place) {
+  using Scan = Mamba3Backend::Scan;
   const int64_t b = h.size(0), t = h.size(1), bc = rank * groups * d_state;
   const auto proj = in_proj(h);
-  const auto w = weights();
-  // A decode token: one kernel (GPU) or loop (CPU) from the projection row to the state and y.
-  // (Inference only: the kernel has no backward.)
-  if (const auto row = proj.view({b, -1});
-      t == 1 && !start.defined() && !proj.requires_grad() && ops::mamba3_step_fusable(row, w, state)) {
-    auto [y, next] = ops::mamba3_step_fused(row, step_layout(), w, state, state_in_place);
-    return {gate(y, row.narrow(1, 0, d_inner).view({b, 1, heads, headdim}), h.scalar_type()), next};
-  }
+  const auto& backend = this->backend();
+  RECORD_FUNCTION(backend.name(), std::vector<c10::IValue>());
+  const auto z = proj.narrow(-1, 0, d_inner).view({b, t, heads, headdim});
+  if (t == 1 && backend.step == Mamba3Backend::Step::Fused)
+    if (auto y = fused_step(proj.view({b, -1}), state, start, state_in_place))
+      return {gate(y->first, z, h.scalar_type()), std::move(y->second)};
   auto parts = proj.split_with_sizes({d_inner, d_inner, bc, bc, heads, heads, heads, angles}, -1);
   ops::Mamba3Projections p{parts[1].view({b, t, heads, headdim}),
                            parts[2].view({b, t, rank, groups, d_state}),
@@ -89,11 +139,14 @@ std::pair<torch::Tensor, ops::Mamba3State> Mamba3Impl::forward(const torch::Tens
                            parts[5],
                            parts[6],
                            parts[7]};
-  auto [y, next] = t > 1 && ops::mamba3_fused(p, w) ? ops::mamba3_scan_fused(p, w, state, start) : [&] {
+  const auto w = weights();
+  auto [y, next] = [&] {
+    if (t > 1 && backend.scan == Scan::Fused) return ops::mamba3_scan_fused(p, w, state, start);
     auto seq = ops::mamba3_preprocess(p, w, state.angle, start);
+    if (backend.scan == Scan::Sequential) return ops::mamba3_scan_sequential(seq, state);
     return t == 1 ? ops::mamba3_step(seq, state) : ops::mamba3_scan_chunked(seq, state, chunk_size);
   }();
-  return {gate(y, parts[0].view({b, t, heads, headdim}), h.scalar_type()), next};
+  return {gate(y, z, h.scalar_type()), next};
 }
 
 torch::Tensor Mamba3Impl::gate(const torch::Tensor& y, const torch::Tensor& z, torch::ScalarType dtype) {
@@ -110,7 +163,8 @@ std::pair<torch::Tensor, std::vector<ops::Mamba3State>> Mamba3Impl::steps(const 
   std::vector<ops::Mamba3State> states;
   const auto proj = in_proj(h);
   const auto w = weights();
-  if (!proj.requires_grad() && ops::mamba3_step_fusable(proj.select(1, 0).contiguous(), w, state)) {
+  if (backend().step == Mamba3Backend::Step::Fused && !proj.requires_grad() &&
+      ops::mamba3_step_fusable(proj.select(1, 0).contiguous(), w, state)) {
     std::vector<torch::Tensor> ys;
     for (int64_t i = 0; i < t; ++i) {
       auto [y, next] =

@@ -1,7 +1,8 @@
 #pragma once
 // M: a Mamba-3 mixer layer (SISO, or MIMO of rank R), Lahoti et al., "Mamba-3", arXiv 2603.15569. The math
 // lives in slm/ops/mamba3_scan.h; this class owns the parameters (names and shapes as in
-// recipe/accounting.cpp) and picks the chunked form for sequences and the step form for single tokens.
+// recipe/accounting.cpp) and runs them through one backend (Mamba3Backend), picked when the weights load or move.
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,24 @@
 namespace slm::model {
 
 using Mamba3Cache = RecurrentCache<ops::Mamba3State>;
+
+// How a Mamba-3 layer runs: one form for sequences (T > 1) and one for decode tokens (T == 1), each an
+// implementation in ops/mamba3_scan.h. name() is what the profiler (a RecordFunction scope) and logs show.
+struct Mamba3Backend {
+  enum class Scan {
+    Sequential,  // "sequential": the recurrence token by token, the reference (tests and benches choose it)
+    Chunked,     // "chunked": mamba3_preprocess + mamba3_scan_chunked (the CPU, FP64, shapes without a kernel)
+    Fused,       // "fused_scan": mamba3_scan_fused's CUDA kernels (FP32/BF16 on the GPU, the compiled head shapes)
+  };
+  enum class Step {
+    Reference,  // "step": mamba3_preprocess + mamba3_step (MIMO, FP64, and any call that needs a gradient)
+    Fused,      // "fused_step": mamba3_step_fused (SISO layers, FP32 on the CPU, FP32/BF16 on the GPU)
+  };
+  Scan scan = Scan::Chunked;
+  Step step = Step::Reference;
+  const char* name() const;  // "mamba3.<scan>+<step>"
+  bool operator==(const Mamba3Backend&) const = default;
+};
 
 class Mamba3Impl : public torch::nn::Module {
  public:
@@ -28,6 +47,10 @@ class Mamba3Impl : public torch::nn::Module {
   std::pair<torch::Tensor, std::vector<ops::Mamba3State>> steps(const torch::Tensor& h, const ops::Mamba3State& state);
   ops::Mamba3State zero_state(int64_t batch) const;
   ops::Mamba3Weights weights() const;
+  // The backend for the current device and dtype: picked again only when one of them changed.
+  const Mamba3Backend& backend();
+  // Runs `forced` from now on instead of the pick (tests and benches comparing the forms); nullopt picks again.
+  void force_backend(std::optional<Mamba3Backend> forced);
 
   int64_t d_inner, heads, headdim, d_state, rank, groups, angles, chunk_size;
   double a_floor;
@@ -41,6 +64,20 @@ class Mamba3Impl : public torch::nn::Module {
   // The output gate and out_proj: y [B, T, H, R, P] from the scan, z [B, T, H, P].
   torch::Tensor gate(const torch::Tensor& y, const torch::Tensor& z, torch::ScalarType dtype);
   ops::Mamba3StepLayout step_layout() const { return {heads, headdim, groups, d_state, angles, d_inner}; }
+  // The fused step where the call fits its kernel (no gradient, no packed documents, the state's layout); undefined
+  // where it does not, and the reference step runs.
+  std::optional<std::pair<torch::Tensor, ops::Mamba3State>> fused_step(const torch::Tensor& row,
+                                                                       const ops::Mamba3State& state,
+                                                                       const torch::Tensor& start, bool in_place);
+  struct Facts {
+    bool cuda;
+    c10::ScalarType dtype;
+    bool operator==(const Facts&) const = default;
+  };
+  Mamba3Backend pick(const Facts& facts) const;
+  Mamba3Backend backend_;
+  std::optional<Facts> picked_for_;
+  std::optional<Mamba3Backend> forced_;
 };
 TORCH_MODULE(Mamba3);
 

@@ -32,7 +32,7 @@ MlaImpl::MlaImpl(const Recipe& r, const LayerPlan& plan, const torch::TensorOpti
   wo = register_module("wo", Linear(heads * v_dim, d, options));
   {
     torch::NoGradGuard no_grad;
-    wo->weight.zero_();  // a fresh layer adds nothing to the residual stream
+    wo->weight.dense().zero_();  // a fresh layer adds nothing to the residual stream
   }
   if (plan.dsa) indexer = register_module("indexer", DsaIndexer(r, window, options));
 }
@@ -53,9 +53,9 @@ torch::Tensor MlaImpl::forward(const torch::Tensor& h, TokenCache* cache, bool a
   const int64_t s = latent.size(1);
   // The absorbed form multiplies by blocks of wkv_b from the other side, which needs the dense matrix; a weight
   // released for a quantized kernel (no elements) takes the non-absorbed form, which gives the same output.
-  absorbed = absorbed && wkv_b->weight.numel() > 0;
+  absorbed = absorbed && wkv_b->weight.dense().numel() > 0;
   // [H, nope + v, kv_lora]: per head, W^UK (rows 0..nope) then W^UV.
-  auto w_ukv = absorbed ? wkv_b->weight.view({heads, nope_dim + v_dim, kv_lora_rank}) : torch::Tensor();
+  auto w_ukv = absorbed ? wkv_b->weight.dense().view({heads, nope_dim + v_dim, kv_lora_rank}) : torch::Tensor();
   // Attention operands q [B, H, T, dk], k [B, KV, S, dk], v [B, KV, S, dv].
   torch::Tensor qa, ka, va;
   if (absorbed) {
@@ -79,7 +79,7 @@ torch::Tensor MlaImpl::forward(const torch::Tensor& h, TokenCache* cache, bool a
 
 std::unique_ptr<TokenCache> MlaImpl::make_cache(int64_t batch, int64_t capacity, int64_t max_rollback) const {
   auto c = std::make_unique<TokenCache>(capacity, max_rollback);
-  const auto opts = wkv_a->weight.options();
+  const auto opts = wkv_a->weight.dense().options();
   c->add_stream(torch::zeros({batch, capacity, kv_lora_rank}, opts), 1);
   c->add_stream(torch::zeros({batch, capacity, rope_dim}, opts), 1);
   if (indexer) indexer->add_stream(*c, batch);

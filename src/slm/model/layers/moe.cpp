@@ -1,6 +1,7 @@
 #include "slm/model/layers/moe.h"
 
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/torch.h>
 
@@ -12,10 +13,6 @@
 #include "slm/quant/nvfp4_linear.h"
 #include "slm/util/error.h"
 
-#ifdef SLM_WITH_CUDA
-#include <c10/cuda/CUDAGraphsC10Utils.h>
-#endif
-
 namespace slm::model {
 
 namespace {
@@ -24,13 +21,6 @@ torch::ScalarType router_dtype(const torch::Tensor& u) {
   return u.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
 }
 
-// gathered_experts copies the weights of every assignment; loop_experts reads each selected expert once but sorts,
-// reads the counts on the host and launches per expert. On the GPU the host read stalls the stream (and rules out
-// CUDA graphs), so a decode step of up to this many assignments gathers.
-constexpr int64_t kMaxGatheredAssignments = 8;
-// NVFP4 experts are gathered up to the engine's largest decode batch (64 rows) at top-2; past it (prefill) the loop
-// reads each expert once. Not measured in between.
-constexpr int64_t kMaxGatheredNvfp4Assignments = 128;
 }  // namespace
 
 Routing route(const torch::Tensor& router_logits, const torch::Tensor& bias, int64_t k, double scaling_factor) {
@@ -117,22 +107,14 @@ torch::Tensor gather_tokens(const torch::Tensor& u, const ByExpert& s) {
 // The grouped path runs where it pays: on the GPU (Hopper's grouped-GEMM kernel; older GPUs fall back inside
 // ATen to a per-group loop that syncs), in BF16 (bf16 inputs, or fp32 ones under BF16 autocast, which the
 // explicit casts in grouped_experts reproduce), with dense weights, and with the 16-byte-aligned row strides
-// _grouped_mm requires (D and the hidden size multiples of 8 bf16 elements).
-bool capturing(const torch::Tensor& u) {
-#ifdef SLM_WITH_CUDA
-  return u.is_cuda() && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
-#else
-  (void)u;
-  return false;
-#endif
-}
-
+// _grouped_mm requires (D and the hidden size multiples of 8 bf16 elements). plan_experts asks the same of the
+// weights; parallel_experts of each call's rows.
 bool use_grouped(const torch::Tensor& u, const ExpertsImpl& experts) {
   if (!u.is_cuda() || experts.nvfp4()) return false;
   const bool autocast_bf16 =
       at::autocast::is_autocast_enabled(at::kCUDA) && at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16;
   const bool bf16 = u.scalar_type() == torch::kBFloat16 || (autocast_bf16 && u.scalar_type() == torch::kFloat);
-  return bf16 && experts.w2.size(1) % 8 == 0 && experts.w2.size(2) % 8 == 0;
+  return bf16 && experts.w2.dense().size(1) % 8 == 0 && experts.w2.dense().size(2) % 8 == 0;
 }
 }  // namespace
 
@@ -154,8 +136,8 @@ torch::Tensor run_loop(const torch::Tensor& xs, const int32_t* ends, const Exper
 // stored [E, out, in] like nn.Linear; _grouped_mm multiplies by [E, in, out] and takes the transposed
 // (column-major) view as it is. The casts keep fp32 master weights receiving the gradients.
 torch::Tensor run_grouped(const torch::Tensor& xs, const torch::Tensor& ends, const ExpertsImpl& experts) {
-  auto w13 = experts.w13.to(torch::kBFloat16).transpose(1, 2);
-  auto w2 = experts.w2.to(torch::kBFloat16).transpose(1, 2);
+  auto w13 = experts.w13.dense().to(torch::kBFloat16).transpose(1, 2);
+  auto w2 = experts.w2.dense().to(torch::kBFloat16).transpose(1, 2);
   return at::_grouped_mm(swiglu_activation(at::_grouped_mm(xs.to(torch::kBFloat16), w13, ends)), w2, ends);
 }
 }  // namespace
@@ -262,21 +244,21 @@ torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, c
     throw Error("gathered_experts: the experts run NVFP4 weights, which bmm cannot read (use loop_experts)");
   const int64_t n = u.size(0), d = u.size(1), k = routing.experts.size(1);
   auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
-  if (ops::gathered_linear_fusable(u, experts.w13) && ops::gathered_linear_fusable(u, experts.w2)) {
+  if (ops::gathered_linear_fusable(u, experts.w13.dense()) && ops::gathered_linear_fusable(u, experts.w2.dense())) {
     // Inference on the GPU: each assignment reads its expert's matrices in place instead of copies of them.
-    auto h = ops::gathered_linear(u, experts.w13, ids, k);
-    return combine_assignments(ops::gathered_linear(swiglu_activation(h), experts.w2, ids, 1), routing);
+    auto h = ops::gathered_linear(u, experts.w13.dense(), ids, k);
+    return combine_assignments(ops::gathered_linear(swiglu_activation(h), experts.w2.dense(), ids, 1), routing);
   }
   auto x = u.unsqueeze(1).expand({n, k, d}).reshape({n * k, 1, d});
   // The stacked weights are [E, out, in] like nn.Linear: the gathered [N*k, out, in] transposed is bmm's right side.
-  auto h = torch::bmm(x, experts.w13.index_select(0, ids).transpose(1, 2));
+  auto h = torch::bmm(x, experts.w13.dense().index_select(0, ids).transpose(1, 2));
   return combine_assignments(
-      torch::bmm(swiglu_activation(h), experts.w2.index_select(0, ids).transpose(1, 2)).view({n * k, d}), routing);
+      torch::bmm(swiglu_activation(h), experts.w2.dense().index_select(0, ids).transpose(1, 2)).view({n * k, d}),
+      routing);
 }
 
 torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
-  if (!experts.q13_stacked || !experts.q2_stacked)
-    throw Error("nvfp4_gathered_experts: both expert projections must run NVFP4 weights");
+  if (!experts.both_nvfp4()) throw Error("nvfp4_gathered_experts: both expert projections must run NVFP4 weights");
   const int64_t k = routing.experts.size(1);
   auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
   // Sorted on the device so that each expert's weights are read once for all of its rows, where that pays: more
@@ -284,8 +266,8 @@ torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& rout
   // an H200 at 64 rows the grouped form took hybrid-250m's steps (288 KiB per expert's w13) from 6.30 to 5.65 ms and
   // the shipped specialists' (40.5 KiB) from 1.90 to 1.94 ms (bench/RESULTS.md); the bound sits between the two.
   constexpr int64_t kGroupedExpertBytes = 128 << 10;
-  const bool grouped = ids.size(0) >= experts.num_experts() &&
-                       experts.q13_stacked->storage_bytes() / experts.num_experts() >= kGroupedExpertBytes;
+  const bool grouped =
+      ids.size(0) >= experts.num_experts() && experts.w13.bytes() / experts.num_experts() >= kGroupedExpertBytes;
   std::optional<ByExpert> s;
   if (grouped) s = sort_by_expert(routing.experts, experts.num_experts());
   // In u's dtype between the projections and after, as the per-expert loop's nvfp4 linears return it.
@@ -293,26 +275,9 @@ torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& rout
     return s ? nvfp4::grouped_linear_cuda(x, w, s->order, s->ends, x_div, u.scalar_type())
              : nvfp4::gathered_linear_cuda(x, w, ids, x_div, u.scalar_type());
   };
-  auto h = project(u, *experts.q13_stacked, k);
-  auto y = project(swiglu_activation(h), *experts.q2_stacked, 1);
+  auto h = project(u, experts.w13.nvfp4(), k);
+  auto y = project(swiglu_activation(h), experts.w2.nvfp4(), 1);
   return combine_assignments(y, routing);
-}
-
-bool gathered_experts_pay(const torch::Tensor& u, int64_t k, const ExpertsImpl& experts) {
-  // On the CPU the counts are read for free and the copy costs more than the loop's per-expert calls, 0.75x at one
-  // token of specialist-small (decode_bench --moe-paths, bench/RESULTS.md).
-  if (!u.is_cuda() || experts.nvfp4()) return false;
-  // A stream being captured into a CUDA graph cannot read the counts back; the grouped GEMMs do not need them.
-  if (capturing(u) && !use_grouped(u, experts)) return true;
-  return u.size(0) * k <= kMaxGatheredAssignments;
-}
-
-torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
-  if (experts.q13_stacked && experts.q2_stacked && u.is_cuda() &&
-      (capturing(u) || u.size(0) * routing.experts.size(1) <= kMaxGatheredNvfp4Assignments))
-    return nvfp4_gathered_experts(u, routing, experts);
-  if (gathered_experts_pay(u, routing.experts.size(1), experts)) return gathered_experts(u, routing, experts);
-  return use_grouped(u, experts) ? grouped_experts(u, routing, experts) : loop_experts(u, routing, experts);
 }
 
 torch::Tensor dense_experts_reference(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts) {
@@ -345,9 +310,9 @@ void update_balancing_bias(torch::Tensor& bias, const torch::Tensor& load, doubl
 
 ExpertsImpl::ExpertsImpl(int64_t num_experts, int64_t d_model, int64_t hidden, const torch::TensorOptions& options)
     : num_experts_(num_experts) {
-  w13 = register_parameter("w13", torch::empty({num_experts, 2 * hidden, d_model}, options));
-  w2 = register_parameter("w2", torch::zeros({num_experts, d_model, hidden}, options));
-  init_fan_in_uniform(w13, d_model);
+  w13 = Weight(register_parameter("w13", torch::empty({num_experts, 2 * hidden, d_model}, options)));
+  w2 = Weight(register_parameter("w2", torch::zeros({num_experts, d_model, hidden}, options)));
+  init_fan_in_uniform(w13.dense(), d_model);
 }
 
 void ExpertsImpl::keep_experts(int64_t first, int64_t count) {
@@ -357,26 +322,12 @@ void ExpertsImpl::keep_experts(int64_t first, int64_t count) {
   if (nvfp4()) throw Error("keep_experts: the experts run NVFP4 weights (inference only)");
   torch::NoGradGuard no_grad;
   // set_data keeps the registered parameter tensors (their identity) and swaps in the share, freeing the rest.
-  w13.set_data(w13.narrow(0, first, count).clone());
-  w2.set_data(w2.narrow(0, first, count).clone());
+  for (auto* w : {&w13.dense(), &w2.dense()}) w->set_data(w->narrow(0, first, count).clone());
   num_experts_ = count;
 }
 
 torch::Tensor ExpertsImpl::ffn(const torch::Tensor& x, int64_t e) const {
-  auto proj = [e](const torch::Tensor& in, const torch::Tensor& w, const std::vector<nvfp4::QTensor>& q) {
-    return q.empty() ? at::linear(in, w[e]) : linear_or_nvfp4(in, w, &q[e]);
-  };
-  return proj(swiglu_activation(proj(x, w13, q13)), w2, q2);
-}
-
-void ExpertsImpl::use_nvfp4(const std::string& which, nvfp4::QTensor q, const std::string& name) {
-  if (which != "w13" && which != "w2") throw Error("experts have no weight '" + which + "' (" + name + ")");
-  torch::Tensor& w = which == "w13" ? w13 : w2;
-  std::vector<nvfp4::QTensor>& per_expert = which == "w13" ? q13 : q2;
-  nvfp4::QTensor stacked = replace_by_nvfp4(w, std::move(q), name);
-  per_expert.clear();
-  for (int64_t e = 0; e < num_experts_; ++e) per_expert.push_back(stacked.matrix(e));
-  (which == "w13" ? q13_stacked : q2_stacked) = std::move(stacked);
+  return w2.linear(swiglu_activation(w13.linear(x, e)), e);
 }
 
 MoEImpl::MoEImpl(const Recipe& r, const torch::TensorOptions& options)
@@ -398,8 +349,8 @@ MoEImpl::MoEImpl(const Recipe& r, const torch::TensorOptions& options)
 Routing MoEImpl::route_tokens(const torch::Tensor& u) const {
   auto dt = router_dtype(u);
   // FP32 logits: the one-row GEMV reads u and the weight as they are (no casts) where it applies.
-  auto logits = dt == torch::kFloat ? ops::small_batch_linear_float(u, router->weight)
-                                    : at::linear(u.to(dt), router->weight.to(dt));
+  auto logits = dt == torch::kFloat ? ops::small_batch_linear_float(u, router->weight.dense())
+                                    : at::linear(u.to(dt), router->weight.dense().to(dt));
   // Outside training nothing reads the affinities (the auxiliary loss): one kernel instead of about eight.
   if (!is_training() && ops::moe_route_fusable(logits, top_k)) {
     Routing r;
@@ -436,12 +387,11 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& h) {
   const int64_t b = h.size(0), t = h.size(1), d = h.size(2);
   auto u = h.reshape({b * t, d});
   Routing routing = route_tokens(u);
+  const auto& backend = experts_backend(u);
   torch::Tensor out;
-  if (!expert_group_) out = fused_decode_experts(u, routing);
-  if (!out.defined()) {
-    out = expert_group_ ? parallel_experts(u, routing, *experts, *expert_group_, num_experts)
-                        : dispatch_experts(u, routing, *experts);
-    if (shared) out = out + shared(u);
+  {
+    RECORD_FUNCTION(backend.name(), std::vector<c10::IValue>());
+    out = backend.run(u, routing);
   }
   last_experts_ = routing.experts;  // counted only when asked (last_stats): a decode step needs no counts
   if (is_training()) {
@@ -452,35 +402,37 @@ torch::Tensor MoEImpl::forward(const torch::Tensor& h) {
   return out.view({b, t, d});
 }
 
-namespace {
-// fused_decode_experts for NVFP4 experts (both projections, and the shared expert's, in NVFP4): the routed up
-// projections gathered by id, the shared one, and the combine with NVFP4 down projections. {} where it does not apply.
-torch::Tensor fused_nvfp4_decode_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& e,
-                                         SwiGLU shared) {
-  const int64_t k = routing.experts.size(1);
-  if (!e.q13_stacked || !e.q2_stacked || !u.is_cuda() || u.size(0) * k > kMaxGatheredAssignments) return {};
-  if (shared && !(shared->w13->qweight && shared->w2->qweight)) return {};
-  const auto w2 = nvfp4::as_stack(*e.q2_stacked);
-  const auto w_shared = shared ? nvfp4::as_stack(*shared->w2->qweight) : ops::Nvfp4Stack{};
-  if (!ops::gathered_swiglu_combine_nvfp4_fusable(u, w2, k, w_shared)) return {};
-  const auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
-  return ops::gathered_swiglu_combine_nvfp4(nvfp4::gathered_linear_cuda(u, *e.q13_stacked, ids, k, u.scalar_type()), w2,
-                                            ids, routing.weights, shared ? shared->w13(u) : torch::Tensor(), w_shared);
-}
-}  // namespace
-
-torch::Tensor MoEImpl::fused_decode_experts(const torch::Tensor& u, const Routing& routing) {
+ExpertsFacts MoEImpl::facts() const {
   const auto& e = *experts;
-  const int64_t k = routing.experts.size(1);
-  if (e.nvfp4()) return fused_nvfp4_decode_experts(u, routing, e, shared);
-  if (!gathered_experts_pay(u, k, e) || e.w13.size(1) != 2 * e.w2.size(2) || !ops::gathered_linear_fusable(u, e.w13))
-    return {};
-  if (shared && (shared->w13->qweight || shared->w2->qweight)) return {};
-  const auto w_shared = shared ? shared->w2->weight : torch::Tensor();
-  if (!ops::gathered_swiglu_combine_fusable(u, e.w2, k, w_shared)) return {};
-  const auto ids = routing.experts.reshape({-1});  // assignment i = token i / k, slot i % k
-  return ops::gathered_swiglu_combine(ops::gathered_linear(u, e.w13, ids, k), e.w2, ids, routing.weights,
-                                      shared ? shared->w13(u) : torch::Tensor(), w_shared);
+  ExpertsFacts f;
+  f.cuda = e.w13.dense().is_cuda();
+  f.dtype = e.w13.dense().scalar_type();
+  f.nvfp4 = e.both_nvfp4() ? 2 : e.nvfp4() ? 1 : 0;
+  f.bf16_autocast =
+      at::autocast::is_autocast_enabled(at::kCUDA) && at::autocast::get_autocast_dtype(at::kCUDA) == at::kBFloat16;
+  f.group = expert_group_.get();
+  return f;
+}
+
+const ExpertsPlan& MoEImpl::plan() {
+  // A handful of comparisons per call; the table runs again only after a load, a move, a spread or an autocast switch.
+  const auto now = facts();
+  if (!planned_for_ || !(*planned_for_ == now)) {
+    plan_ = plan_experts(now, *experts, shared, num_experts);
+    planned_for_ = now;
+  }
+  return plan_;
+}
+
+const ExpertsBackend& MoEImpl::experts_backend(const torch::Tensor& u) {
+  return plan().for_call(u, top_k);
+}
+
+std::string MoEImpl::backend_names() {
+  const auto& p = plan();
+  if (std::string(p.few->name()) == p.many->name()) return p.many->name();
+  return std::string(p.few->name()) + " (up to " + std::to_string(p.few_assignments) + " assignments) / " +
+         p.many->name();
 }
 
 torch::Tensor MoEImpl::forward_reference(const torch::Tensor& h) {
@@ -516,7 +468,7 @@ torch::Tensor MoELayer::forward_normed(const torch::Tensor& h, const Documents*)
 
 DecodeSupport MoELayer::decode_support() const {
   const auto& e = *moe->experts;
-  if (e.nvfp4() && !(e.q13_stacked && e.q2_stacked))
+  if (e.nvfp4() && !e.both_nvfp4())
     return {"", "routed experts with one projection in NVFP4 run per expert, counting on the host"};
   return {};
 }

@@ -4,6 +4,7 @@
 // dropless sort-by-expert dispatch.
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "slm/model/layer.h"
@@ -38,27 +39,16 @@ class ExpertGroup {
                                  const std::vector<int64_t>& recv_rows) = 0;
 };
 
-// Routed-expert output for u [N, D]: assignments sorted by expert (dropless), each expert run on its
-// contiguous slice, scaled by its gate and summed back per token. On CUDA with dense weights:
-// gathered_experts for a decode step's few assignments (gathered_experts_pay), grouped_experts in BF16; NVFP4 experts
-// on CUDA: nvfp4_gathered_experts for decode steps; loop_experts otherwise (fp32/fp64 prefill and training on CUDA,
-// the CPU, NVFP4 prefill).
-torch::Tensor dispatch_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
-
 // Each of the N*k assignments gathers its expert's weights from the stacked tensors (index_select) and all run as
 // one batched matmul per projection: no sort, no per-expert loop, no host sync. It copies k*N expert matrices per
 // call, so it is for decode-sized N. Dense weights only (an NVFP4 expert's codes cannot be multiplied by bmm).
 torch::Tensor gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
 
-// Whether dispatch_experts takes gathered_experts for u [N, D] with k experts per token: dense weights on CUDA and
-// N*k <= 8 (the CPU measurements behind leaving the CPU out: bench/RESULTS.md, "Batch-1 decode").
-bool gathered_experts_pay(const torch::Tensor& u, int64_t k, const ExpertsImpl& experts);
-
 // NVFP4 experts (both projections) on the GPU: one NVFP4 GEMV launch per projection reads the experts in place by
 // the ids on the device, no host sync, so a CUDA graph captures it. Each assignment reads its expert
 // (nvfp4::gathered_linear_cuda); with more assignments than experts and experts of 128 KiB or more, they are sorted by
 // expert on the device and each expert is read once for up to 16 of its rows (nvfp4::grouped_linear_cuda). For
-// decode-sized N (dispatch_experts takes it for up to 128 assignments, and always under capture).
+// decode-sized N (the moe.nvfp4_gathered backend takes it for up to 128 assignments, and under capture).
 torch::Tensor nvfp4_gathered_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
 
 // One matmul pair per expert that received tokens; reads the per-expert counts on the host (a sync).
@@ -76,7 +66,7 @@ torch::Tensor parallel_experts(const torch::Tensor& u, const Routing& routing, c
 // are cast, as BF16 autocast would) with no host sync; returns bf16. Runs on the CPU too, for tests.
 torch::Tensor grouped_experts(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
 
-// Every expert on every token, masked by the gate weights; the reference dispatch_experts must match.
+// Every expert on every token, masked by the gate weights; the reference every backend must match.
 torch::Tensor dense_experts_reference(const torch::Tensor& u, const Routing& routing, const ExpertsImpl& experts);
 
 // Tokens routed to each expert, [E] int64, on the experts' device (no host sync).
@@ -93,7 +83,8 @@ struct RouterStats {
   double max_violation = 0.0;
 };
 
-// Stacked routed-expert weights: "w13" [E, 2f, D] ([gate; up] like SwiGLU), "w2" [E, D, f].
+// Stacked routed-expert weights: "w13" [E, 2f, D] ([gate; up] like SwiGLU), "w2" [E, D, f]; each dense or NVFP4
+// (weight.h; an NVFP4 checkpoint's loader calls Weight::use_nvfp4 on them).
 class ExpertsImpl : public torch::nn::Module {
  public:
   ExpertsImpl(int64_t num_experts, int64_t d_model, int64_t hidden, const torch::TensorOptions& options);
@@ -102,23 +93,71 @@ class ExpertsImpl : public torch::nn::Module {
   // Keeps experts [first, first + count) only (expert parallelism), in place: the parameters stay the same
   // tensors, so call it before an optimizer takes them.
   void keep_experts(int64_t first, int64_t count);
-  // Expert e's SwiGLU on x [n, D], with the dense weights or, once use_nvfp4 ran, their NVFP4 matrices.
+  // Expert e's SwiGLU on x [n, D], with the weights in their form (dense or NVFP4).
   torch::Tensor ffn(const torch::Tensor& x, int64_t e) const;
-  // Inference on an NVFP4 checkpoint, as LinearImpl::use_nvfp4: which is "w13" or "w2", q its stacked tensor.
-  void use_nvfp4(const std::string& which, nvfp4::QTensor q, const std::string& name);
+  // Whether the experts run NVFP4 weights (either projection), and whether both do (what the GPU's gathered NVFP4
+  // kernels read, indexing the stacks by id).
+  bool nvfp4() const { return w13.is_nvfp4() || w2.is_nvfp4(); }
+  bool both_nvfp4() const { return w13.is_nvfp4() && w2.is_nvfp4(); }
 
-  // Whether the experts run NVFP4 weights (use_nvfp4 ran for either projection).
-  bool nvfp4() const { return q13_stacked.has_value() || q2_stacked.has_value(); }
-
-  torch::Tensor w13, w2;
-  std::vector<nvfp4::QTensor> q13, q2;  // one [out, in] matrix per expert when NVFP4, else empty
-  // The same NVFP4 weights as one stack [E, out, in] (shared storage): the GPU's gathered path indexes it by id.
-  std::optional<nvfp4::QTensor> q13_stacked, q2_stacked;
+  Weight w13, w2;
 
  private:
   int64_t num_experts_;
 };
 TORCH_MODULE(Experts);
+
+// How an MoE layer runs its routed and shared experts. Each backend is one way, with one run() and a name that the
+// profiler (a RecordFunction scope around run) and `MoEImpl::backend_names` show. The choice is made by one table,
+// plan_experts, from facts that change only when weights load, the model moves, experts are spread or BF16 autocast
+// is switched (ExpertsFacts); MoEImpl keeps the plan and picks again only when those facts change.
+class ExpertsBackend {
+ public:
+  virtual ~ExpertsBackend() = default;
+  virtual const char* name() const = 0;
+  // Whether run reads nothing back to the host, so that a CUDA graph can capture it.
+  virtual bool graph_safe() const = 0;
+  // The routed experts' output for u [N, D] plus the shared expert's when the layer has one.
+  virtual torch::Tensor run(const torch::Tensor& u, const Routing& routing) const = 0;
+};
+
+enum class ExpertsBackendKind {
+  Loop,            // "moe.loop": loop_experts (the CPU; FP32/FP64 and NVFP4 prefill on the GPU)
+  Grouped,         // "moe.grouped": grouped_experts, BF16 grouped GEMMs (GPU prefill and training)
+  GatheredDecode,  // "moe.gathered_decode": a decode step's dense experts by id (MoEImpl's fused decode kernels, or
+                   // gathered_experts where they do not take the call)
+  Nvfp4Gathered,   // "moe.nvfp4_gathered": a decode step's NVFP4 experts by id (the fused kernels, or
+                   // nvfp4_gathered_experts)
+  ExpertParallel,  // "moe.expert_parallel": parallel_experts over the layer's expert group (training)
+};
+
+// The backend of one kind over these experts, shared expert (null: none) and, for ExpertParallel, group and the
+// routed experts' total. It keeps pointers: the MoE layer that owns the experts outlives it.
+std::unique_ptr<ExpertsBackend> make_experts_backend(ExpertsBackendKind kind, const ExpertsImpl& experts, SwiGLU shared,
+                                                     ExpertGroup* group = nullptr, int64_t num_experts = 0);
+
+// What the choice of backend depends on; all of it fixed between loads, moves, spreads and autocast switches.
+struct ExpertsFacts {
+  bool cuda = false;
+  c10::ScalarType dtype = c10::ScalarType::Float;  // the dense expert weights' (kept when they are released)
+  int nvfp4 = 0;                                   // projections in NVFP4: 0, 1 (per expert only) or 2 (stacked)
+  bool bf16_autocast = false;                      // BF16 autocast on the GPU, as the trainer runs
+  ExpertGroup* group = nullptr;
+  bool operator==(const ExpertsFacts&) const = default;
+};
+
+// A layer's backends: `few` for calls of at most few_assignments assignments (N * k, a decode step's) and under CUDA
+// graph capture where `many` is not graph safe; `many` for the rest.
+struct ExpertsPlan {
+  std::unique_ptr<ExpertsBackend> few, many;
+  int64_t few_assignments = 0;
+  const ExpertsBackend& for_call(const torch::Tensor& u, int64_t k) const;
+};
+
+// The one table: expert group -> expert-parallel; the CPU -> the loop; NVFP4 stacked on the GPU -> NVFP4 gathered for
+// up to 128 assignments, else the loop; dense on the GPU -> gathered decode for up to 8 assignments, else grouped in
+// BF16 (BF16 weights, or FP32 ones under BF16 autocast, with rows of multiples of 8 elements), else the loop.
+ExpertsPlan plan_experts(const ExpertsFacts& facts, const ExpertsImpl& experts, SwiGLU shared, int64_t num_experts);
 
 // The "moe" sub-module: router, stacked experts, shared expert, balancing bias buffer.
 class MoEImpl : public torch::nn::Module {
@@ -129,6 +168,11 @@ class MoEImpl : public torch::nn::Module {
   torch::Tensor forward_reference(const torch::Tensor& h);
 
   Routing route_tokens(const torch::Tensor& u) const;
+  // The backend forward runs for u [N, D] with this layer's top_k, from the plan for the current facts.
+  const ExpertsBackend& experts_backend(const torch::Tensor& u);
+  // The plan's backends for the current facts, "few (up to n assignments) / many", for logs and tests.
+  std::string backend_names();
+  ExpertsFacts facts() const;
   // Expert parallelism: keeps this rank's share of the experts and sends tokens through group from now on.
   void spread_experts(std::shared_ptr<ExpertGroup> group);
   const std::shared_ptr<ExpertGroup>& expert_group() const { return expert_group_; }
@@ -150,9 +194,9 @@ class MoEImpl : public torch::nn::Module {
 
  private:
   torch::Tensor sequence_aux_loss(const Routing& routing, int64_t batch, int64_t seq) const;
-  // A decode step's routed and shared experts on the GPU in two launches and the shared up projection
-  // (ops::gathered_linear, ops::gathered_swiglu_combine); undefined where that does not apply.
-  torch::Tensor fused_decode_experts(const torch::Tensor& u, const Routing& routing);
+  const ExpertsPlan& plan();
+  ExpertsPlan plan_;
+  std::optional<ExpertsFacts> planned_for_;
   torch::Tensor last_experts_, pending_load_, aux_loss_;
   std::shared_ptr<ExpertGroup> expert_group_;
 };
