@@ -99,8 +99,15 @@ struct ClassInfo {
 enum class CallKind : uint8_t { kName, kQualified, kMember, kConstruct };
 enum class Receiver : uint8_t { kNone, kThis, kType, kField, kUnknown };
 
+struct FileUsing;
+
 struct CallSite {
-  uint32_t caller = 0;
+  uint32_t caller = 0;  // index of the calling function in its file's functions (in the linked graph's, once linked)
+  // The calling function and its file's usings, as the resolver reads them (set when a graph is linked, or for a
+  // buffer's calls resolved against a graph it is not part of).
+  const FunctionInfo* from = nullptr;
+  const FileUsing* from_using = nullptr;
+  uint32_t line = 0;  // 1-based line of the call in its file
   CallKind kind = CallKind::kName;
   Receiver receiver = Receiver::kNone;
   bool global = false;    // "::f" / "::ns::f"
@@ -181,8 +188,15 @@ class FileParser {
   // Appends the file's functions and call sites; its classes go to `classes` (merged by the caller once the
   // file is accepted).
   FileParser(const std::string& path, const std::string& src, std::vector<FunctionInfo>& functions,
-             std::unordered_map<std::string, ClassInfo>& classes, std::vector<CallSite>& calls, FileUsing& using_)
-      : path_(path), src_(src), functions_(functions), classes_(classes), calls_(calls), using_(using_) {}
+             std::unordered_map<std::string, ClassInfo>& classes, std::vector<ClassDef>& class_defs,
+             std::vector<CallSite>& calls, FileUsing& using_)
+      : path_(path),
+        src_(src),
+        functions_(functions),
+        classes_(classes),
+        class_defs_(class_defs),
+        calls_(calls),
+        using_(using_) {}
 
   void run(TSNode root) { visit(root, 0); }
   // Bytes of tokens the parser could not place, and of all tokens (comments and strings aside).
@@ -307,6 +321,7 @@ class FileParser {
   void add_call(CallSite c) {
     if (cur_fn_ < 0) return;  // initializers outside functions have no caller
     c.caller = static_cast<uint32_t>(cur_fn_);
+    c.line = node_line_;
     calls_.push_back(std::move(c));
   }
 
@@ -341,6 +356,7 @@ class FileParser {
       return visit_class(n, depth);
     if (std::strcmp(t, "function_definition") == 0) return visit_function(n, depth);
     if (std::strcmp(t, "using_declaration") == 0) return visit_using(n);
+    if (cur_fn_ >= 0) node_line_ = ts_node_start_point(n).row + 1;
     if (std::strcmp(t, "field_declaration") == 0 && cur_fn_ < 0) visit_field(n);
     if (cur_fn_ >= 0) {
       if (std::strcmp(t, "call_expression") == 0)
@@ -391,6 +407,9 @@ class FileParser {
     const std::string q = qualify(global ? "" : outer, join_scope(parts, parts.size()));
     ClassInfo& ci = classes_[q];
     ci.decl_scope = outer;
+    TSNode start = n;
+    while (is(ts_node_parent(start), "template_declaration")) start = ts_node_parent(start);
+    class_defs_.push_back({q, path_, ts_node_start_point(start).row + 1, text(start)});
     for_each_child(n, [&](TSNode ch) {
       if (!is(ch, "base_class_clause")) return;
       for_each_child(ch, [&](TSNode b) {
@@ -614,11 +633,13 @@ class FileParser {
   const std::string& src_;
   std::vector<FunctionInfo>& functions_;
   std::unordered_map<std::string, ClassInfo>& classes_;
+  std::vector<ClassDef>& class_defs_;
   std::vector<CallSite>& calls_;
   FileUsing& using_;
   std::vector<ScopePart> scope_;
   std::vector<std::string> class_stack_;
   int cur_fn_ = -1;
+  uint32_t node_line_ = 0;  // the line of the node visited last inside a function: a call's line
   std::unordered_map<std::string, TypeRef> locals_;  // the current function's parameters and locals
   uint64_t error_bytes_ = 0, token_bytes_ = 0;
 };
@@ -626,9 +647,9 @@ class FileParser {
 // Name resolution over the whole index (docs/context-graphs.md, "Resolution rules").
 class Resolver {
  public:
-  Resolver(const std::vector<FunctionInfo>& functions, const std::unordered_map<std::string, ClassInfo>& classes,
-           const std::vector<FileUsing>& usings, const std::vector<uint32_t>& file_of)
-      : fns_(functions), classes_(classes), usings_(usings), file_of_(file_of) {
+  // A call site's `from` and `from_using` must be set.
+  Resolver(const std::vector<FunctionInfo>& functions, const std::unordered_map<std::string, ClassInfo>& classes)
+      : fns_(functions), classes_(classes) {
     for (const auto& [name, ci] : classes_) classes_by_name_[last_part(name)].push_back(name);
     for (uint32_t i = 0; i < fns_.size(); ++i) {
       by_qualified_[fns_[i].qualified()].push_back(i);
@@ -637,7 +658,7 @@ class Resolver {
   }
 
   std::vector<uint32_t> resolve(const CallSite& c) const {
-    const FunctionInfo& caller = fns_[c.caller];
+    const FunctionInfo& caller = caller_fn(c);
     const auto parts = split_scope(caller.scope);
     std::vector<uint32_t> found;
     switch (c.kind) {
@@ -645,7 +666,7 @@ class Resolver {
         if (c.name.empty()) return {};
         found = walk(parts, c.name, c);
         if (found.empty()) {
-          const auto& aliases = usings_[file_of_[c.caller]].aliases;
+          const auto& aliases = caller_using(c).aliases;
           if (auto it = aliases.find(c.name); it != aliases.end()) found = walk(parts, it->second, c);
         }
         if (found.empty()) found = via_directives(c.name, c);
@@ -671,13 +692,16 @@ class Resolver {
   }
 
  private:
+  static const FunctionInfo& caller_fn(const CallSite& c) { return *c.from; }
+  static const FileUsing& caller_using(const CallSite& c) { return *c.from_using; }
+
   // Definitions named q that the caller can see (another file's file-local functions are invisible).
   std::vector<uint32_t> candidates(const std::string& q, const CallSite& c) const {
     auto it = by_qualified_.find(q);
     if (it == by_qualified_.end()) return {};
     std::vector<uint32_t> out;
     for (uint32_t i : it->second)
-      if (!fns_[i].file_local || fns_[i].file == fns_[c.caller].file) out.push_back(i);
+      if (!fns_[i].file_local || fns_[i].file == caller_fn(c).file) out.push_back(i);
     return out;
   }
 
@@ -700,7 +724,7 @@ class Resolver {
 
   std::vector<uint32_t> via_directives(const std::string& rel, const CallSite& c) const {
     std::vector<uint32_t> out;
-    for (const auto& [scope, ns] : usings_[file_of_[c.caller]].directives) {
+    for (const auto& [scope, ns] : caller_using(c).directives) {
       if (ns.rfind("::", 0) == 0) {
         auto f = candidates(qualify(ns.substr(2), rel), c);
         out.insert(out.end(), f.begin(), f.end());
@@ -751,7 +775,7 @@ class Resolver {
       const std::string q = qualify(join_scope(parts, k), type);
       if (classes_.count(q)) return q;
     }
-    for (const auto& [scope, ns] : usings_[file_of_[c.caller]].directives) {
+    for (const auto& [scope, ns] : caller_using(c).directives) {
       const std::string n = ns.rfind("::", 0) == 0 ? ns.substr(2) : ns;
       if (classes_.count(qualify(n, type))) return qualify(n, type);
     }
@@ -820,7 +844,7 @@ class Resolver {
       if (it == by_method_name_.end()) return {};
       std::vector<uint32_t> vis;
       for (uint32_t i : it->second)
-        if ((!fns_[i].file_local || fns_[i].file == fns_[c.caller].file) && fns_[i].accepts(c.args)) vis.push_back(i);
+        if ((!fns_[i].file_local || fns_[i].file == caller_fn(c).file) && fns_[i].accepts(c.args)) vis.push_back(i);
       return vis.size() == 1 ? vis : std::vector<uint32_t>{};
     }
     return cls.empty() ? std::vector<uint32_t>{} : methods(cls, c.name, c);
@@ -835,8 +859,6 @@ class Resolver {
 
   const std::vector<FunctionInfo>& fns_;
   const std::unordered_map<std::string, ClassInfo>& classes_;
-  const std::vector<FileUsing>& usings_;
-  const std::vector<uint32_t>& file_of_;  // function -> file index
   std::unordered_map<std::string, std::vector<uint32_t>> by_qualified_, by_method_name_;
   std::unordered_map<std::string, std::vector<std::string>> classes_by_name_;  // last name -> qualified classes
 };
@@ -894,151 +916,278 @@ struct TreeDeleter {
   void operator()(TSTree* t) const { ts_tree_delete(t); }
 };
 
-class GraphBuilder {
- public:
-  explicit GraphBuilder(const CallGraphOptions& o) : o_(o), parser_(ts_parser_new()) {
-    if (!ts_parser_set_language(parser_.get(), tree_sitter_cpp()))
-      throw Error("tree-sitter-cpp grammar ABI " + std::to_string(ts_language_version(tree_sitter_cpp())) +
-                  " does not match the tree-sitter runtime");
-  }
+// Does an #include path name this file (relative to the source root)? Either may hold more leading directories
+// than the other: "boost/graph/x.hpp" vs "x.hpp", "../include/a.h" vs "include/a.h".
+bool path_suffix(const std::string& file, std::string inc) {
+  while (inc.rfind("../", 0) == 0 || inc.rfind("./", 0) == 0) inc.erase(0, inc.find('/') + 1);
+  const std::string& a = file.size() >= inc.size() ? file : inc;
+  const std::string& b = file.size() >= inc.size() ? inc : file;
+  return a.compare(a.size() - b.size(), b.size(), b) == 0 &&
+         (a.size() == b.size() || a[a.size() - b.size() - 1] == '/');
+}
 
-  void skip(const std::string& rel, const std::string& why) {
-    ++g_.files_skipped;
-    g_.warnings.push_back(rel + ": skipped: " + why);
-  }
+bool is_header_name(const std::string& path) {
+  static const char* const kExt[] = {".h", ".hh", ".hpp", ".hxx", ".h++", ".ipp", ".inl", ".tcc"};
+  const size_t dot = path.rfind('.');
+  if (dot == std::string::npos) return false;
+  const std::string ext = path.substr(dot);
+  return std::any_of(std::begin(kExt), std::end(kExt), [&](const char* e) { return ext == e; });
+}
 
-  void add_file(const std::string& rel, const std::string& src) {
-    auto skip = [&](const std::string& why) { this->skip(rel, why); };
-    if (src.size() > o_.max_file_bytes) return skip("larger than " + std::to_string(o_.max_file_bytes) + " bytes");
-    if (!is_clean_text(src)) return skip("not UTF-8 text (binary or another encoding)");
-    if (o_.time_budget_s > 0 && parse_s_ >= o_.time_budget_s)
-      return skip("over the graph's parse time budget of " + std::to_string(o_.time_budget_s) + " s");
-    const std::string masked = mask_export_macros(src);
-    const uint64_t limit_ms = o_.parse_ms_base + o_.parse_ms_per_mb * src.size() / (1u << 20);
-    ts_parser_set_timeout_micros(parser_.get(), 1000 * limit_ms);
-    const auto t0 = std::chrono::steady_clock::now();
-    std::unique_ptr<TSTree, TreeDeleter> tree(
-        ts_parser_parse_string(parser_.get(), nullptr, masked.data(), static_cast<uint32_t>(masked.size())));
-    parse_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!tree) {
-      ts_parser_reset(parser_.get());
-      return skip("the parser gave up after " + std::to_string(limit_ms) + " ms");
+// The header's text after its leading comments (// lines, /* */ blocks) and blank lines, cut to whole lines.
+std::string header_head(const std::string& src) {
+  size_t p = 0;
+  for (;;) {
+    while (p < src.size() && std::isspace(static_cast<unsigned char>(src[p]))) ++p;
+    if (src.compare(p, 2, "//") == 0) {
+      p = src.find('\n', p);
+      if (p == std::string::npos) return "";
+    } else if (src.compare(p, 2, "/*") == 0) {
+      p = src.find("*/", p + 2);
+      if (p == std::string::npos) return "";
+      p += 2;
+    } else {
+      break;
     }
-    TSNode root = ts_tree_root_node(tree.get());
-    const size_t fn_before = functions_.size(), calls_before = calls_.size();
-    std::unordered_map<std::string, ClassInfo> file_classes;
-    usings_.emplace_back();
-    FileParser fp(rel, src, functions_, file_classes, calls_, usings_.back());
-    fp.run(root);
-    const double error_fraction =
-        fp.token_bytes() ? static_cast<double>(fp.error_bytes()) / static_cast<double>(fp.token_bytes()) : 0.0;
-    // Macro-heavy headers can be half syntax errors and still hold good functions; only a file that yields
-    // none is called unparseable.
-    if (error_fraction > o_.max_error_fraction && functions_.size() == fn_before) {
-      functions_.resize(fn_before);
-      calls_.resize(calls_before);
-      usings_.pop_back();
-      char pct[16];
-      std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * error_fraction);
-      return skip(std::string("not parseable as C++ (") + pct + " of its tokens are syntax errors)");
-    }
-    for (size_t i = fn_before; i < functions_.size(); ++i)
-      file_of_.push_back(static_cast<uint32_t>(usings_.size() - 1));
-    // A class seen in several files (a header parsed once per includer is not: headers are files of their own)
-    // keeps the union of what each file says.
-    for (auto& [name, ci] : file_classes) {
-      auto [it, fresh] = classes_.try_emplace(name, std::move(ci));
-      if (fresh) continue;
-      for (auto& b : ci.bases)
-        if (std::find(it->second.bases.begin(), it->second.bases.end(), b) == it->second.bases.end())
-          it->second.bases.push_back(b);
-      it->second.fields.merge(ci.fields);
-    }
-    ++g_.files;
-    g_.bytes += src.size();
-    if (ts_node_has_error(root)) ++g_.files_with_errors;
   }
+  while (p > 0 && src[p - 1] != '\n') --p;  // back to the line's start (its indentation)
+  size_t end = p;
+  for (size_t lines = 0; end < src.size() && lines < ParsedFile::kHeadLines; ++lines) {
+    const size_t nl = src.find('\n', end);
+    const size_t next = nl == std::string::npos ? src.size() : nl + 1;
+    if (next - p > ParsedFile::kHeadBytes) break;
+    end = next;
+  }
+  return src.substr(p, end - p);
+}
 
-  // Several definitions fit a call (same-arity overloads, one name in many classes): prefer the caller's own
-  // file, then the files it includes; past kMaxTargets the call is ambiguous and gets no edge, so that e.g.
-  // Boost.Graph's dozens of get(key, map) overloads do not link every caller to all of them.
-  std::vector<uint32_t> narrow(std::vector<uint32_t> to, uint32_t caller) {
+}  // namespace
+
+struct FileFacts {
+  std::vector<FunctionInfo> functions;
+  std::unordered_map<std::string, ClassInfo> classes;
+  std::vector<ClassDef> class_defs;
+  std::vector<CallSite> calls;  // caller: an index into functions
+  FileUsing usings;
+};
+
+const std::vector<FunctionInfo>& ParsedFile::functions() const {
+  static const std::vector<FunctionInfo> none;
+  return facts ? facts->functions : none;
+}
+const std::vector<ClassDef>& ParsedFile::classes() const {
+  static const std::vector<ClassDef> none;
+  return facts ? facts->class_defs : none;
+}
+const std::vector<std::string>& ParsedFile::includes() const {
+  static const std::vector<std::string> none;
+  return facts ? facts->usings.includes : none;
+}
+
+uint32_t FunctionInfo::last_line() const {
+  return line + static_cast<uint32_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+struct CppFileParser::Impl {
+  CallGraphOptions o;
+  std::unique_ptr<TSParser, ParserDeleter> parser{ts_parser_new()};
+  double parse_s = 0;  // spent in the parser so far
+};
+
+CppFileParser::CppFileParser(CallGraphOptions options) : impl_(std::make_unique<Impl>()) {
+  impl_->o = std::move(options);
+  if (!ts_parser_set_language(impl_->parser.get(), tree_sitter_cpp()))
+    throw Error("tree-sitter-cpp grammar ABI " + std::to_string(ts_language_version(tree_sitter_cpp())) +
+                " does not match the tree-sitter runtime");
+}
+CppFileParser::~CppFileParser() = default;
+
+ParsedFile CppFileParser::parse(const std::string& rel, const std::string& src) {
+  const CallGraphOptions& o = impl_->o;
+  ParsedFile out;
+  out.path = rel;
+  out.bytes = src.size();
+  auto skip = [&](const std::string& why) {
+    out.skipped = why;
+    return out;
+  };
+  if (src.size() > o.max_file_bytes) return skip("larger than " + std::to_string(o.max_file_bytes) + " bytes");
+  if (!is_clean_text(src)) return skip("not UTF-8 text (binary or another encoding)");
+  if (o.time_budget_s > 0 && impl_->parse_s >= o.time_budget_s)
+    return skip("over the graph's parse time budget of " + std::to_string(o.time_budget_s) + " s");
+  const std::string masked = mask_export_macros(src);
+  const uint64_t limit_ms = o.parse_ms_base + o.parse_ms_per_mb * src.size() / (1u << 20);
+  TSParser* parser = impl_->parser.get();
+  ts_parser_set_timeout_micros(parser, 1000 * limit_ms);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::unique_ptr<TSTree, TreeDeleter> tree(
+      ts_parser_parse_string(parser, nullptr, masked.data(), static_cast<uint32_t>(masked.size())));
+  impl_->parse_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!tree) {
+    ts_parser_reset(parser);
+    return skip("the parser gave up after " + std::to_string(limit_ms) + " ms");
+  }
+  TSNode root = ts_tree_root_node(tree.get());
+  auto facts = std::make_shared<FileFacts>();
+  FileParser fp(rel, src, facts->functions, facts->classes, facts->class_defs, facts->calls, facts->usings);
+  fp.run(root);
+  const double error_fraction =
+      fp.token_bytes() ? static_cast<double>(fp.error_bytes()) / static_cast<double>(fp.token_bytes()) : 0.0;
+  // Macro-heavy headers can be half syntax errors and still hold good functions; only a file that yields none is
+  // called unparseable.
+  if (error_fraction > o.max_error_fraction && facts->functions.empty()) {
+    char pct[16];
+    std::snprintf(pct, sizeof pct, "%.0f%%", 100.0 * error_fraction);
+    return skip(std::string("not parseable as C++ (") + pct + " of its tokens are syntax errors)");
+  }
+  out.has_errors = ts_node_has_error(root);
+  out.facts = std::move(facts);
+  if (is_header_name(rel)) out.head = header_head(src);
+  return out;
+}
+
+struct LinkedGraph::Impl {
+  std::vector<std::shared_ptr<const ParsedFile>> files;
+  CallGraph g;
+  std::vector<const ParsedFile*> file_of;  // per function
+  std::unordered_map<std::string, ClassInfo> classes;
+  std::unordered_map<std::string, const ClassDef*> class_defs;
+  std::unique_ptr<Resolver> resolver;
+
+  // Several definitions fit a call (same-arity overloads, one name in many classes): prefer the caller's own file,
+  // then the files it includes; past kMaxTargets the call is ambiguous and gets no edge, so that e.g. Boost.Graph's
+  // dozens of get(key, map) overloads do not link every caller to all of them.
+  std::vector<uint32_t> narrow(std::vector<uint32_t> to, const CallSite& c, bool& ambiguous) const {
     static constexpr size_t kMaxTargets = 4;
+    ambiguous = false;
     if (to.size() <= 1) return to;
-    const std::string& file = functions_[caller].file;
+    const std::string& file = c.from->file;
     auto keep = [&](auto pred) {
       std::vector<uint32_t> sub;
       for (uint32_t t : to)
-        if (pred(functions_[t].file)) sub.push_back(t);
+        if (pred(g.functions[t].file)) sub.push_back(t);
       if (!sub.empty()) to = std::move(sub);
     };
     keep([&](const std::string& f) { return f == file; });
     if (to.size() > 1) {
-      const auto& inc = usings_[file_of_[caller]].includes;
+      const auto& inc = c.from_using->includes;
       keep([&](const std::string& f) {
         return std::any_of(inc.begin(), inc.end(), [&](const std::string& i) { return path_suffix(f, i); });
       });
     }
     if (to.size() > kMaxTargets) {
-      ++g_.ambiguous_call_sites;
+      ambiguous = true;
       return {};
     }
     return to;
   }
-
-  // Does an #include path name this file (relative to the source root)? Either may hold more leading
-  // directories than the other: "boost/graph/x.hpp" vs "x.hpp", "../include/a.h" vs "include/a.h".
-  static bool path_suffix(const std::string& file, std::string inc) {
-    while (inc.rfind("../", 0) == 0 || inc.rfind("./", 0) == 0) inc.erase(0, inc.find('/') + 1);
-    const std::string& a = file.size() >= inc.size() ? file : inc;
-    const std::string& b = file.size() >= inc.size() ? inc : file;
-    return a.compare(a.size() - b.size(), b.size(), b) == 0 &&
-           (a.size() == b.size() || a[a.size() - b.size() - 1] == '/');
-  }
-
-  CallGraph finish() {
-    Resolver r(functions_, classes_, usings_, file_of_);
-    const size_t n = functions_.size();
-    g_.callees.assign(n, {});
-    g_.callers.assign(n, {});
-    for (const auto& c : calls_) {
-      ++g_.call_sites;
-      auto to = narrow(r.resolve(c), c.caller);
-      if (!to.empty()) ++g_.resolved_call_sites;
-      for (uint32_t t : to) {
-        g_.callees[c.caller].push_back(t);
-        g_.callers[t].push_back(c.caller);
-      }
-    }
-    for (auto* lists : {&g_.callees, &g_.callers})
-      for (auto& l : *lists) {
-        std::sort(l.begin(), l.end());
-        l.erase(std::unique(l.begin(), l.end()), l.end());
-      }
-    for (auto& f : functions_) f.is_method = classes_.count(f.scope) > 0;
-    g_.functions = std::move(functions_);
-    return std::move(g_);
-  }
-
- private:
-  CallGraphOptions o_;
-  std::unique_ptr<TSParser, ParserDeleter> parser_;
-  CallGraph g_;
-  std::vector<FunctionInfo> functions_;
-  std::unordered_map<std::string, ClassInfo> classes_;
-  std::vector<CallSite> calls_;
-  std::vector<FileUsing> usings_;
-  std::vector<uint32_t> file_of_;
-  double parse_s_ = 0;  // spent in the parser so far
 };
 
-}  // namespace
+LinkedGraph::LinkedGraph(std::vector<std::shared_ptr<const ParsedFile>> files) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  m.files = std::move(files);
+  CallGraph& g = m.g;
+  for (const auto& f : m.files) {
+    if (!f->facts) {
+      ++g.files_skipped;
+      g.warnings.push_back(f->path + ": skipped: " + f->skipped);
+      continue;
+    }
+    ++g.files;
+    g.bytes += f->bytes;
+    if (f->has_errors) ++g.files_with_errors;
+    for (const auto& fn : f->facts->functions) {
+      g.functions.push_back(fn);
+      m.file_of.push_back(f.get());
+    }
+    // A class seen in several files (a header parsed once per includer is not: headers are files of their own)
+    // keeps the union of what each file says.
+    for (const auto& [name, ci] : f->facts->classes) {
+      auto [it, fresh] = m.classes.try_emplace(name, ci);
+      if (fresh) continue;
+      for (const auto& b : ci.bases)
+        if (std::find(it->second.bases.begin(), it->second.bases.end(), b) == it->second.bases.end())
+          it->second.bases.push_back(b);
+      for (const auto& [field, type] : ci.fields) it->second.fields.try_emplace(field, type);
+    }
+    for (const auto& cd : f->facts->class_defs) m.class_defs.try_emplace(cd.qualified, &cd);
+  }
+  for (auto& fn : g.functions) fn.is_method = m.classes.count(fn.scope) > 0;
+  m.resolver = std::make_unique<Resolver>(g.functions, m.classes);
+  const size_t n = g.functions.size();
+  g.callees.assign(n, {});
+  g.callers.assign(n, {});
+  uint32_t base = 0;
+  for (const auto& f : m.files) {
+    if (!f->facts) continue;
+    for (CallSite c : f->facts->calls) {
+      c.caller += base;
+      c.from = &g.functions[c.caller];
+      c.from_using = &f->facts->usings;
+      ++g.call_sites;
+      bool ambiguous = false;
+      auto to = m.narrow(m.resolver->resolve(c), c, ambiguous);
+      if (ambiguous) ++g.ambiguous_call_sites;
+      if (!to.empty()) ++g.resolved_call_sites;
+      for (uint32_t t : to) {
+        g.callees[c.caller].push_back(t);
+        g.callers[t].push_back(c.caller);
+      }
+    }
+    base += static_cast<uint32_t>(f->facts->functions.size());
+  }
+  for (auto* lists : {&g.callees, &g.callers})
+    for (auto& l : *lists) {
+      std::sort(l.begin(), l.end());
+      l.erase(std::unique(l.begin(), l.end()), l.end());
+    }
+}
+
+LinkedGraph::~LinkedGraph() = default;
+const CallGraph& LinkedGraph::graph() const {
+  return impl_->g;
+}
+CallGraph LinkedGraph::release() {
+  impl_->resolver.reset();
+  return std::move(impl_->g);
+}
+const std::vector<std::shared_ptr<const ParsedFile>>& LinkedGraph::files() const {
+  return impl_->files;
+}
+
+const ClassDef* LinkedGraph::find_class(const std::string& qualified) const {
+  auto it = impl_->class_defs.find(qualified);
+  return it == impl_->class_defs.end() ? nullptr : it->second;
+}
+
+std::vector<ResolvedCall> LinkedGraph::resolve_calls(const ParsedFile& buffer, size_t fn) const {
+  std::vector<ResolvedCall> out;
+  if (!buffer.facts || fn >= buffer.facts->functions.size()) return out;
+  // The buffer's function as the resolver sees a caller: is_method as the graph's classes say.
+  FunctionInfo caller = buffer.facts->functions[fn];
+  caller.is_method = impl_->classes.count(caller.scope) > 0;
+  for (CallSite c : buffer.facts->calls) {
+    if (c.caller != fn) continue;
+    c.from = &caller;
+    c.from_using = &buffer.facts->usings;
+    bool ambiguous = false;
+    for (uint32_t t : impl_->narrow(impl_->resolver->resolve(c), c, ambiguous))
+      if (std::none_of(out.begin(), out.end(), [&](const ResolvedCall& r) { return r.function == t; }))
+        out.push_back({t, c.line});
+  }
+  return out;
+}
+
+bool include_names(const std::string& file, const std::string& include) {
+  return path_suffix(file, include);
+}
 
 CallGraph build_call_graph(const std::vector<std::pair<std::string, std::string>>& files,
                            const CallGraphOptions& options) {
-  GraphBuilder b(options);
-  for (const auto& [path, src] : files) b.add_file(path, src);
-  return b.finish();
+  CppFileParser parser(options);
+  std::vector<std::shared_ptr<const ParsedFile>> parsed;
+  for (const auto& [path, src] : files) parsed.push_back(std::make_shared<ParsedFile>(parser.parse(path, src)));
+  return LinkedGraph(std::move(parsed)).release();
 }
 
 CallGraph build_call_graph(const CallGraphOptions& o, const ProgressFn& progress) {
@@ -1061,18 +1210,22 @@ CallGraph build_call_graph(const CallGraphOptions& o, const ProgressFn& progress
   }
   if (files.empty()) throw Error("graphs: no C++ sources (.cc .cpp .h .hpp ...) under " + o.src_dir);
   std::sort(files.begin(), files.end());
-  GraphBuilder b(o);
+  CppFileParser parser(o);
+  std::vector<std::shared_ptr<const ParsedFile>> parsed;
   uint64_t done = 0;
   for (const auto& [rel, size] : files) {
     try {
-      b.add_file(rel, read_file_bytes((root / rel).string()));
+      parsed.push_back(std::make_shared<ParsedFile>(parser.parse(rel, read_file_bytes((root / rel).string()))));
     } catch (const Error& e) {
-      b.skip(rel, "cannot read");
+      ParsedFile unread;
+      unread.path = rel;
+      unread.skipped = "cannot read";
+      parsed.push_back(std::make_shared<ParsedFile>(std::move(unread)));
     }
     done += size;
     if (progress) progress(done, total);
   }
-  return b.finish();
+  return LinkedGraph(std::move(parsed)).release();
 }
 
 }  // namespace slm::data

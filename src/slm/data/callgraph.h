@@ -6,6 +6,7 @@
 // calls on `this`, typed locals and fields, arity). No types are checked and macros are not expanded, so the
 // graph approximates the real one: virtual calls go to the static type, same-arity overloads are all linked.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,7 @@ struct FunctionInfo {
 
   static constexpr int kVariadic = 1 << 20;
   std::string qualified() const { return scope.empty() ? name : scope + "::" + name; }
+  uint32_t last_line() const;  // the line of the definition's end (its closing brace)
   // "util::add(2)"; with defaults "f(1-2)"; variadic "f(1+)". Two definitions can share a signature (same
   // arity, different types, or file-local functions of different files).
   std::string signature() const;
@@ -60,6 +62,77 @@ struct CallGraphOptions {
   uint64_t parse_ms_base = 2000, parse_ms_per_mb = 4000;
   double time_budget_s = 0;
 };
+
+// A class, struct or union definition (one with a body).
+struct ClassDef {
+  std::string qualified;  // "geo::Circle"
+  std::string file;       // path relative to the source root
+  uint32_t line = 0;      // 1-based line where it (with its template header) starts
+  std::string text;       // its source, from the template header or class key to the closing brace
+};
+
+// What one file contributes to a graph: its definitions and call sites, unresolved. A graph parses every file once
+// and then links them (resolves the calls over all files); an index that keeps these links again when some files
+// change without parsing the others (workspace/workspace.h).
+struct FileFacts;  // call sites, usings and the rest the linker needs (callgraph.cpp)
+struct ParsedFile {
+  std::string path;  // relative to the source root
+  uint64_t bytes = 0;
+  bool has_errors = false;                 // parsed with some ERROR nodes
+  std::string skipped;                     // "" when parsed, else why not (the graph's warning)
+  std::shared_ptr<const FileFacts> facts;  // null when skipped
+  // A header's (.h .hh .hpp .hxx .h++ .ipp .inl .tcc) first kHeadLines lines after its leading comments and blank
+  // lines (a license), at most kHeadBytes: what an includer sees first of it. Empty for a source file.
+  std::string head;
+  static constexpr size_t kHeadLines = 64, kHeadBytes = 8192;
+  const std::vector<FunctionInfo>& functions() const;
+  const std::vector<ClassDef>& classes() const;
+  const std::vector<std::string>& includes() const;  // "a/b.h" of #include "a/b.h" or <a/b.h>
+};
+
+// Parses files one by one with the options' limits (size, error share, parse time per file and in all).
+class CppFileParser {
+ public:
+  explicit CppFileParser(CallGraphOptions options = {});
+  ~CppFileParser();
+  CppFileParser(const CppFileParser&) = delete;
+  CppFileParser& operator=(const CppFileParser&) = delete;
+  ParsedFile parse(const std::string& rel, const std::string& src);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct ResolvedCall {
+  uint32_t function = 0;  // index into the graph's functions
+  uint32_t line = 0;      // of the call, in the caller's file
+};
+
+// Parsed files linked into a graph; it can also resolve the calls of a file it does not hold (an editor's buffer,
+// parsed under its path) with the same rules against the graph's functions.
+class LinkedGraph {
+ public:
+  explicit LinkedGraph(std::vector<std::shared_ptr<const ParsedFile>> files);
+  ~LinkedGraph();
+  LinkedGraph(const LinkedGraph&) = delete;
+  LinkedGraph& operator=(const LinkedGraph&) = delete;
+  const CallGraph& graph() const;
+  CallGraph release();  // the graph, moved out (the object is then only to be destroyed)
+  const std::vector<std::shared_ptr<const ParsedFile>>& files() const;
+  const ClassDef* find_class(const std::string& qualified) const;  // the first definition, in file order
+  // The graph's functions that function `fn` of `buffer` calls, each once with the line of its first call, in the
+  // order of their first calls, resolved as if the buffer replaced the graph's file of its path.
+  std::vector<ResolvedCall> resolve_calls(const ParsedFile& buffer, size_t fn) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Does an #include path name this file (relative to a source root)? Either may hold more leading directories than
+// the other: "boost/graph/x.hpp" vs "x.hpp", "../include/a.h" vs "include/a.h".
+bool include_names(const std::string& file, const std::string& include);
 
 // Is this a C++ source or header name (.cc .cpp .cxx .c++ .C .h .hh .hpp .hxx .h++ .ipp .inl .tcc)?
 bool is_cpp_source_name(const std::string& path);

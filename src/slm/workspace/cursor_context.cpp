@@ -1,0 +1,172 @@
+#include "slm/workspace/cursor_context.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+namespace slm::workspace {
+
+namespace {
+
+size_t count_lines(const std::string& s) {
+  return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
+}
+
+// Lines [first, first + n) of text (0-based), whole lines.
+std::string line_range(const std::string& text, size_t first, size_t n) {
+  size_t a = 0;
+  for (size_t i = 0; i < first && a != std::string::npos; ++i) {
+    a = text.find('\n', a);
+    if (a != std::string::npos) ++a;
+  }
+  if (a == std::string::npos || a >= text.size()) return "";
+  size_t b = a;
+  for (size_t i = 0; i < n && b < text.size(); ++i) {
+    const size_t nl = text.find('\n', b);
+    b = nl == std::string::npos ? text.size() : nl + 1;
+  }
+  return text.substr(a, b - a);
+}
+
+std::string with_newline(std::string s) {
+  if (!s.empty() && s.back() != '\n') s += '\n';
+  return s;
+}
+
+}  // namespace
+
+const char* chunk_kind_name(ChunkKind kind) {
+  switch (kind) {
+    case ChunkKind::kInclude: return "include";
+    case ChunkKind::kCaller: return "caller";
+    case ChunkKind::kClass: return "class";
+    case ChunkKind::kCallee: return "callee";
+  }
+  return "?";
+}
+
+CursorContext context_at(const data::LinkedGraph& graph, const std::string& path, const std::string& before,
+                         const std::string& after, const ContextOptions& o) {
+  CursorContext out;
+  const std::string window = before + after;
+  data::CppFileParser parser;
+  const data::ParsedFile buffer = parser.parse(path, window);
+  const auto& fns = buffer.functions();
+  const uint32_t cursor_line = static_cast<uint32_t>(count_lines(before) + 1);
+  int at = -1;  // the innermost definition holding the cursor's line: the one starting last
+  for (size_t i = 0; i < fns.size(); ++i)
+    if (fns[i].line <= cursor_line && cursor_line <= fns[i].last_line() && (at < 0 || fns[i].line >= fns[at].line))
+      at = static_cast<int>(i);
+  if (at < 0) return out;
+  const data::FunctionInfo& here = fns[at];
+  out.function = here.qualified();
+  const auto& g = graph.graph();
+
+  // Chunks by rank, best first; the budget takes them in this order.
+  std::vector<ContextChunk> ranked;
+  auto in_window = [&](const std::string& text) { return !text.empty() && window.find(text) != std::string::npos; };
+  auto cut = [&](const std::string& text) { return with_newline(line_range(text, 0, o.max_chunk_lines)); };
+
+  // Callees, nearest call to the cursor first (a call just typed is what the next line is likely to use).
+  auto calls = graph.resolve_calls(buffer, static_cast<size_t>(at));
+  std::stable_sort(calls.begin(), calls.end(), [&](const data::ResolvedCall& a, const data::ResolvedCall& b) {
+    return std::abs(static_cast<long>(a.line) - static_cast<long>(cursor_line)) <
+           std::abs(static_cast<long>(b.line) - static_cast<long>(cursor_line));
+  });
+  for (const auto& c : calls) {
+    const data::FunctionInfo& f = g.functions[c.function];
+    if (f.file == path && (f.qualified() == here.qualified() || in_window(f.text))) continue;
+    ranked.push_back({{f.file, cut(f.text)}, ChunkKind::kCallee, f.qualified(), f.line});
+  }
+  // The class of a method.
+  if (!here.scope.empty())
+    if (const data::ClassDef* cls = graph.find_class(here.scope); cls && !in_window(cls->text))
+      ranked.push_back({{cls->file, cut(cls->text)}, ChunkKind::kClass, cls->qualified, cls->line});
+  // Callers, from the graph's copy of this function (the file on disk): the lines around each one's first call.
+  int self = -1;
+  for (size_t i = 0; i < g.functions.size() && self < 0; ++i) {
+    const auto& f = g.functions[i];
+    if (f.file == path && f.qualified() == here.qualified() && f.min_args == here.min_args &&
+        f.max_args == here.max_args)
+      self = static_cast<int>(i);
+  }
+  if (self >= 0) {
+    size_t callers = 0;
+    for (uint32_t ci : g.callers[self]) {
+      if (callers == o.max_callers) break;
+      const data::FunctionInfo& f = g.functions[ci];
+      if (static_cast<int>(ci) == self || (f.file == path && in_window(f.text))) continue;
+      // The first line that calls it by name, and the lines around it.
+      size_t pos = f.text.find(here.name + "(");
+      if (pos == std::string::npos) pos = f.text.find(here.name);
+      const size_t call_line =
+          pos == std::string::npos ? 0 : static_cast<size_t>(std::count(f.text.begin(), f.text.begin() + pos, '\n'));
+      const size_t total = count_lines(f.text) + 1;
+      size_t first = 0;
+      if (total > o.max_chunk_lines)
+        first = std::min(call_line > o.max_chunk_lines / 2 ? call_line - o.max_chunk_lines / 2 : 0,
+                         total - o.max_chunk_lines);
+      ranked.push_back({{f.file, with_newline(line_range(f.text, first, o.max_chunk_lines))},
+                        ChunkKind::kCaller,
+                        f.qualified(),
+                        f.line + static_cast<uint32_t>(first)});
+      ++callers;
+    }
+  }
+  // Included headers of the workspace: their first lines after the license.
+  size_t includes = 0;
+  for (const std::string& inc : buffer.includes()) {
+    if (includes == o.max_includes) break;
+    const data::ParsedFile* best = nullptr;
+    for (const auto& f : graph.files())
+      if (!f->head.empty() && f->path != path && data::include_names(f->path, inc) &&
+          (!best || f->path.size() < best->path.size()))
+        best = f.get();
+    if (!best || in_window(best->head)) continue;
+    ranked.push_back({{best->path, cut(best->head)}, ChunkKind::kInclude, best->path, 0});
+    ++includes;
+  }
+
+  // The budget, best first; then oldest first for the prompt: by kind from include up to callee, and within a kind
+  // the best last.
+  std::vector<ContextChunk> kept;
+  size_t bytes = 0;
+  for (auto& c : ranked) {
+    if (kept.size() == o.max_chunks) break;
+    const size_t n = c.chunk.filename.size() + c.chunk.text.size();
+    if (c.chunk.text.empty() || bytes + n > o.max_bytes) continue;
+    bytes += n;
+    kept.push_back(std::move(c));
+  }
+  std::reverse(kept.begin(), kept.end());
+  std::stable_sort(kept.begin(), kept.end(),
+                   [](const ContextChunk& a, const ContextChunk& b) { return a.kind < b.kind; });
+  out.chunks = std::move(kept);
+  return out;
+}
+
+std::vector<text::InfillChunk> merge_chunks(const std::vector<text::InfillChunk>& client,
+                                            const std::vector<ContextChunk>& ours, size_t* duplicates) {
+  std::vector<text::InfillChunk> out;
+  size_t dup = 0;
+  for (const auto& c : client) {
+    if (std::any_of(out.begin(), out.end(),
+                    [&](const text::InfillChunk& k) { return k.filename == c.filename && k.text == c.text; })) {
+      ++dup;
+      continue;
+    }
+    out.push_back(c);
+  }
+  const size_t from_client = out.size();
+  for (const auto& c : ours) {
+    if (std::any_of(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(from_client),
+                    [&](const text::InfillChunk& k) { return k.text.find(c.chunk.text) != std::string::npos; })) {
+      ++dup;
+      continue;
+    }
+    out.push_back(c.chunk);
+  }
+  if (duplicates) *duplicates = dup;
+  return out;
+}
+
+}  // namespace slm::workspace

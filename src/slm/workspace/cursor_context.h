@@ -1,0 +1,59 @@
+#pragma once
+// The context graph at the cursor (issue 45): what of a workspace's call graph an infill prompt gets beside the text
+// around the cursor, in the repository-level layout the models train on (text/infill_prompt.h: a file separator and
+// the path before each chunk).
+//
+// The text the editor sent (the window: prefix, the cursor's line, suffix) is parsed on its own under the file's path,
+// so an unsaved edit counts at once: the function around the cursor is the innermost definition of the window that
+// holds the cursor's line, and its calls are resolved against the workspace's graph with the graph's rules
+// (data/callgraph.h LinkedGraph::resolve_calls). The chunks, by rank:
+//   callee  the definition of each function it calls (not those the window itself holds), in call order;
+//   class   the definition of the class it is a method of, when the window does not hold it;
+//   caller  for each function that calls it (the graph's, from the files on disk), the lines around its first call;
+//   include for each header of the workspace it includes, an outline: its class heads and function signatures.
+// Each chunk is cut to max_chunk_lines lines; the whole to max_chunks chunks and max_bytes bytes, lowest rank left out
+// first. They are returned oldest first, lowest rank first, as the infill prompt wants them: its budget drops the first
+// chunks first and the most useful ones sit nearest the cursor.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "slm/data/callgraph.h"
+#include "slm/text/infill_prompt.h"
+
+namespace slm::workspace {
+
+struct ContextOptions {
+  size_t max_chunks = 16;       // llama.vim's ring_n_chunks
+  size_t max_chunk_lines = 64;  // llama.vim's ring_chunk_size
+  size_t max_bytes = 16'384;
+  size_t max_callers = 4;
+  size_t max_includes = 2;
+};
+
+enum class ChunkKind { kInclude, kCaller, kClass, kCallee };
+const char* chunk_kind_name(ChunkKind kind);  // "include", "caller", "class", "callee"
+
+struct ContextChunk {
+  text::InfillChunk chunk;  // filename: the path relative to the workspace
+  ChunkKind kind = ChunkKind::kCallee;
+  std::string name;   // what it shows: "geo::area", "geo::Circle", "geo/shapes.h"
+  uint32_t line = 0;  // where the chunk's text starts in its file
+};
+
+struct CursorContext {
+  std::string function;              // qualified name of the function around the cursor ("" when none)
+  std::vector<ContextChunk> chunks;  // oldest first (see above)
+};
+
+// `before` is the text before the cursor (input_prefix + prompt), `after` the text after it (input_suffix), `path`
+// the file's path relative to the workspace.
+CursorContext context_at(const data::LinkedGraph& graph, const std::string& path, const std::string& before,
+                         const std::string& after, const ContextOptions& options = {});
+
+// The client's chunks (input_extra, oldest first) followed by ours, without repeats: a client chunk equal to an
+// earlier one and a chunk of ours whose text a client chunk already holds are left out, counted in *duplicates.
+std::vector<text::InfillChunk> merge_chunks(const std::vector<text::InfillChunk>& client,
+                                            const std::vector<ContextChunk>& ours, size_t* duplicates = nullptr);
+
+}  // namespace slm::workspace
