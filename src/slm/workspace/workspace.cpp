@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -66,11 +67,15 @@ struct Workspace::State {
 
 Workspace::Workspace(const std::string& root, WorkspaceLimits limits, Log log)
     : limits_(limits), log_(std::move(log)), state_(std::make_unique<State>()) {
-  std::error_code ec;
-  const fs::path canonical = fs::canonical(root, ec);
-  if (ec || !fs::is_directory(canonical, ec))
-    throw Error("--workspace: not a directory: " + root + (ec ? " (" + ec.message() + ")" : ""));
-  root_ = canonical.generic_string();
+  // realpath(3), not std::filesystem::canonical: libtorch exports its own copies of some std::filesystem functions
+  // (README, "Pitfalls").
+  char* real = ::realpath(root.c_str(), nullptr);
+  struct stat st {};
+  const bool dir = real && ::stat(real, &st) == 0 && S_ISDIR(st.st_mode);
+  const std::string resolved = real ? real : "";
+  std::free(real);
+  if (!dir) throw Error("--workspace: not a directory: " + root);
+  root_ = resolved;
   while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
   state_->status.root = root_;
 }
