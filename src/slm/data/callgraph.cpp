@@ -975,10 +975,6 @@ const std::vector<FunctionInfo>& ParsedFile::functions() const {
   static const std::vector<FunctionInfo> none;
   return facts ? facts->functions : none;
 }
-const std::vector<ClassDef>& ParsedFile::classes() const {
-  static const std::vector<ClassDef> none;
-  return facts ? facts->class_defs : none;
-}
 const std::vector<std::string>& ParsedFile::includes() const {
   static const std::vector<std::string> none;
   return facts ? facts->usings.includes : none;
@@ -1163,12 +1159,9 @@ const ClassDef* LinkedGraph::find_class(const std::string& qualified) const {
 std::vector<ResolvedCall> LinkedGraph::resolve_calls(const ParsedFile& buffer, size_t fn) const {
   std::vector<ResolvedCall> out;
   if (!buffer.facts || fn >= buffer.facts->functions.size()) return out;
-  // The buffer's function as the resolver sees a caller: is_method as the graph's classes say.
-  FunctionInfo caller = buffer.facts->functions[fn];
-  caller.is_method = impl_->classes.count(caller.scope) > 0;
   for (CallSite c : buffer.facts->calls) {
     if (c.caller != fn) continue;
-    c.from = &caller;
+    c.from = &buffer.facts->functions[fn];
     c.from_using = &buffer.facts->usings;
     bool ambiguous = false;
     for (uint32_t t : impl_->narrow(impl_->resolver->resolve(c), c, ambiguous))

@@ -86,7 +86,6 @@ struct ParsedFile {
   std::string head;
   static constexpr size_t kHeadLines = 64, kHeadBytes = 8192;
   const std::vector<FunctionInfo>& functions() const;
-  const std::vector<ClassDef>& classes() const;
   const std::vector<std::string>& includes() const;  // "a/b.h" of #include "a/b.h" or <a/b.h>
 };
 
