@@ -7,8 +7,9 @@
 #   SLM_CUDA=ON            also build the CUDA (sm_90) sources
 #   SLM_DEPS_PREFIX=DIR    use Debian packages unpacked under DIR (GPU machine: scripts/device-deps.sh) instead of apt
 #   CMAKE_BUILD_TYPE=...   Release by default
-#   SLM_TARGET=slm         the target to build: the program by default (what the README's first command runs);
-#                          scripts/test.sh asks for slm_tests, SLM_TARGET= (empty) builds every default target
+#   SLM_TARGET=slm         the targets to build (space-separated): the program by default (what the README's first
+#                          command runs); scripts/test.sh asks for slm_tests, scripts/cuda-compile-check.sh for object
+#                          files; SLM_TARGET= (empty) builds every default target
 #   SLM_WERROR=ON          compiler warnings are errors (CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,5 +86,6 @@ fi
 # that the PCH's defines and __TIME__ may be ignored (its manual, "Precompiled headers"). A caller's setting wins.
 export CCACHE_SLOPPINESS=${CCACHE_SLOPPINESS:-pch_defines,time_macros}
 log "building${SLM_TARGET:+ $SLM_TARGET}"
-cmake --build "$BUILD_DIR" ${SLM_TARGET:+--target "$SLM_TARGET"}
+# shellcheck disable=SC2086  # the targets split at spaces
+cmake --build "$BUILD_DIR" ${SLM_TARGET:+--target $SLM_TARGET}
 log "done: $BUILD_DIR/slm"
