@@ -13,6 +13,7 @@
 #include "slm/server/http_server.h"
 #include "slm/util/error.h"
 #include "slm/util/format.h"
+#include "slm/workspace/workspace.h"
 
 namespace slm::cli {
 
@@ -27,6 +28,8 @@ struct ServeFlags {
   std::string ensemble, recipe, checkpoint, tokenizer;
   server::LoadOptions load;
   server::ServerOptions http;
+  std::vector<std::string> workspaces;
+  double workspace_poll_s = 2;
   bool quiet = false;
 };
 
@@ -64,6 +67,14 @@ void run_serve(ServeFlags f) {
       " s, weights " + human_bytes(static_cast<double>(bytes)) +
       (specialists.has_router() ? ", router loaded (model \"auto\")" : ", no router"));
   if (!f.quiet) f.http.log = [](const std::string& line) { std::cerr << "slm serve: " << line << "\n"; };
+  // Each workspace indexes on its own thread from now on; requests meanwhile get what is linked (nothing at first).
+  std::vector<std::unique_ptr<workspace::Workspace>> workspaces;
+  for (const auto& dir : f.workspaces) {
+    workspaces.push_back(std::make_unique<workspace::Workspace>(dir, workspace::WorkspaceLimits{}, say));
+    workspaces.back()->start(f.workspace_poll_s);
+    f.http.workspaces.push_back(workspaces.back().get());
+    say("indexing workspace " + workspaces.back()->root() + " (C++ files; progress in the log and /metrics)");
+  }
   server::Server srv(specialists, f.http);
   const int port = srv.start();
   say("listening on http://" + f.http.host + ":" + std::to_string(port) +
@@ -112,6 +123,15 @@ void add_serve_command(CLI::App& app) {
   s->add_option("--max-body", f->http.max_body_bytes, "largest request body in bytes")->capture_default_str();
   s->add_option("--api-key", f->http.api_key,
                 "require \"Authorization: Bearer KEY\" on every endpoint but /health and / (or set SLM_API_KEY)");
+  s->add_option("--workspace", f->workspaces,
+                "a repository whose context graph /infill requests get: the definitions the function at the cursor "
+                "calls, its class, its callers and included headers, indexed in the background and kept fresh; only "
+                "files under DIR are read, symlinks are not followed (repeatable; docs/serving.md)")
+      ->type_name("DIR")
+      ->check(CLI::ExistingDirectory);
+  s->add_option("--workspace-poll", f->workspace_poll_s, "seconds between checks of the workspaces for changed files")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   s->add_flag("--quiet", f->quiet, "no per-request log lines");
   s->callback([f] { run_serve(*f); });
 }

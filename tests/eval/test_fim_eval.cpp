@@ -156,31 +156,43 @@ TEST(FimContext, ModesParseAndBadOnesAreRefused) {
   EXPECT_THROW(parse_fim_contexts(""), Error);
 }
 
-TEST(FimContext, NeighboursAreOtherFilesOfThePackageAndGraphIsCallersThenCallees) {
+// Graph mode is the serving-time context (workspace::context_at) over the package's files: for the cursor in user(),
+// the caller top() of another file and the callee helper() of a third; the line being predicted calls scale(), which
+// must not show (the text to predict is not in the window). Functions of the current file are in the window already.
+TEST(FimContext, NeighboursAreOtherFilesOfThePackageAndGraphIsTheServersContext) {
   const std::vector<HeldOutFile> files = {
       {"p", "src/b.cpp",
-       "int helper(int x) {\n  return x * 2;\n}\n"                      // lines 1-3
-       "int user(int y) {\n  int z = helper(y);\n  return z + 1;\n}\n"  // lines 4-7
-       "int top() {\n  return user(2);\n}\n"},                          // lines 8-10
+       "int local(int x) {\n  return x;\n}\n"                                              // lines 1-3
+       "int user(int y) {\n  int z = helper(y);\n  z = scale(z);\n  return z + 1;\n}\n"},  // lines 4-8
       {"p", "src/a.cpp", "int one;\nint two;\nint three;\n"},
+      {"p", "src/h.cpp", "int helper(int x) {\n  return x * 2;\n}\nint scale(int x) {\n  return x * 3;\n}\n"},
+      {"p", "src/t.cpp", "int top() {\n  return user(2);\n}\n"},
       {"q", "src/c.cpp", "int other;\n"},
   };
   FimContextSource source(files, FimContextOptions{2, 16});
   FimCase c;
   c.file = 0;
-  c.line = 5;  // inside user()
+  c.line = 6;  // user()'s "z = scale(z);", the cursor after the indentation
+  const std::string text = files[0].text;
+  const size_t line6 = text.find("  z = scale(z);");
+  c.prefix = text.substr(0, line6);
+  c.prompt = "  ";
+  c.suffix = text.substr(text.find('\n', line6));
   const auto n = source.chunks(c, FimContext::kNeighbours);
-  ASSERT_EQ(n.size(), 1u);
+  ASSERT_EQ(n.size(), 3u);  // the other files of package p by path, their first two lines
   EXPECT_EQ(n[0].filename, "src/a.cpp");
   EXPECT_EQ(n[0].text, "int one;\nint two;\n");
+  EXPECT_EQ(n[1].filename, "src/h.cpp");
+  EXPECT_EQ(n[2].filename, "src/t.cpp");
   EXPECT_TRUE(source.chunks(c, FimContext::kNone).empty());
   const auto g = source.chunks(c, FimContext::kGraph);
-  ASSERT_EQ(g.size(), 2u);
-  EXPECT_EQ(g[0].filename, "src/b.cpp:8");
+  ASSERT_EQ(g.size(), 2u);  // oldest first: the caller, then the callee
+  EXPECT_EQ(g[0].filename, "src/t.cpp");
   EXPECT_EQ(g[0].text, "int top() {\n  return user(2);\n}\n");
-  EXPECT_EQ(g[1].filename, "src/b.cpp:1");
+  EXPECT_EQ(g[1].filename, "src/h.cpp");
   EXPECT_EQ(g[1].text, "int helper(int x) {\n  return x * 2;\n}\n");
-  c.line = 11;  // past every definition
+  c.prefix = text + "\n";  // past every definition
+  c.prompt = c.suffix = "";
   EXPECT_TRUE(source.chunks(c, FimContext::kGraph).empty());
 }
 

@@ -3,17 +3,20 @@
 // response fields they read (flattened response_fields as llama.cpp's json_get_nested_values); n_indent and
 // t_max_predict_ms as llama.cpp's server applies them (process_token), on a scripted engine whose text and timing the
 // test sets; the budget (an over-long request trimmed, never refused); the prefix cache while a user types a line on
-// a tiny hybrid model; which specialist answers; malformed requests; the README's curl line, run as it stands; and
-// POST /completion, as Continue's llama.cpp provider sends it.
+// a tiny hybrid model; which specialist answers; malformed requests; the README's curl line, run as it stands;
+// POST /completion, as Continue's llama.cpp provider sends it; and the context graph of a workspace (issue 45) in the
+// prompt, the response's slm_context, the log and /metrics.
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
+#include "data/data_test_util.h"
 #include "engine/engine_test_util.h"
 #include "serving_test_util.h"
 #include "slm/server/http_server.h"
@@ -693,6 +696,126 @@ TEST_F(Infill, ReadmeCurlLine) {
   ASSERT_TRUE(r.is_object()) << out;
   EXPECT_TRUE(r["content"].is_string()) << out;
   EXPECT_EQ(r["model"], "cpp") << out;
+}
+
+// slm serve --workspace: a planted repository (hand-written, so the chunks expected are known), indexed before the
+// server starts. The cursor in level(), which calls clamp(): clamp's definition and the outline of the header level's
+// file includes go into the prompt after the client's chunks, the response and the log name them, a client chunk that
+// already holds clamp's text keeps it out, and the refusals name their field.
+TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
+  const std::string dir = test::fresh_dir("infill-workspace");
+  const std::string clamp_def = "int clamp(int v, int lo, int hi) {\n  return v < lo ? lo : v > hi ? hi : v;\n}\n";
+  test::write_file(dir + "/lib/math.h", "#pragma once\nint clamp(int v, int lo, int hi);\n");
+  test::write_file(dir + "/lib/math.cpp", "#include \"lib/math.h\"\n" + clamp_def);
+  test::write_file(dir + "/app/main.cpp", "int main() { return 0; }\n");
+  workspace::Workspace ws(dir);
+  ASSERT_EQ(ws.refresh(), 3u);
+  std::mutex mu;
+  std::vector<std::string> lines;
+  ServerOptions so;
+  so.port = 0;
+  so.threads = 4;
+  so.workspaces = {&ws};
+  so.log = [&](const std::string& l) {
+    std::lock_guard lock(mu);
+    lines.push_back(l);
+  };
+  Server srv(*specialists_, so);
+  httplib::Client c("127.0.0.1", srv.start());
+  c.set_read_timeout(120);
+  script(spell("x"));
+  const Json request = {{"model", "scripted"},
+                        {"filename", "app/main.cpp"},
+                        {"input_prefix", "#include \"lib/math.h\"\nint level(int x) {\n  int y = clamp(x, 0, 9);\n"},
+                        {"prompt", "  "},
+                        {"input_suffix", "\n  return y;\n}\n"},
+                        {"input_extra", {{{"filename", "notes.txt"}, {"text", "client chunk\n"}}}},
+                        {"n_predict", 1}};
+  auto r = c.Post("/infill", request.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json j = Json::parse(r->body);
+  const Json& ctx = j["slm_context"];
+  EXPECT_EQ(ctx["workspace"], ws.root());
+  EXPECT_EQ(ctx["file"], "app/main.cpp");
+  EXPECT_EQ(ctx["ready"], true);
+  EXPECT_EQ(ctx["function"], "level");
+  EXPECT_EQ(ctx["client_chunks"], 1);
+  EXPECT_EQ(ctx["duplicates"], 0);
+  ASSERT_EQ(ctx["chunks"].size(), 2u) << ctx.dump();
+  EXPECT_EQ(ctx["chunks"][0]["kind"], "include");
+  EXPECT_EQ(ctx["chunks"][0]["name"], "lib/math.h");
+  EXPECT_EQ(ctx["chunks"][1],
+            Json({{"kind", "callee"}, {"name", "clamp"}, {"filename", "lib/math.cpp"}, {"line", 2}, {"bytes", 77}}));
+  // The prompt: the client's chunk, then ours, each after its path; the callee nearest the cursor's text.
+  const std::string prompt = j["prompt"];
+  const size_t client_at = prompt.find("notes.txt\nclient chunk\n"), def_at = prompt.find("lib/math.cpp\n" + clamp_def),
+               cursor_at = prompt.find("int level(int x)");
+  ASSERT_NE(client_at, std::string::npos) << prompt;
+  ASSERT_NE(def_at, std::string::npos) << prompt;
+  EXPECT_LT(client_at, def_at);
+  EXPECT_NE(cursor_at, std::string::npos);
+  {
+    std::lock_guard lock(mu);
+    ASSERT_FALSE(lines.empty());
+    EXPECT_NE(lines.back().find(" context: app/main.cpp in level: 2 chunk(s) added (include lib/math.h, callee clamp)"),
+              std::string::npos)
+        << lines.back();
+  }
+
+  // The editor already sent clamp's file: our chunk is a repeat and stays out.
+  Json again = request;
+  again["input_extra"] = {{{"filename", "lib/math.cpp"}, {"text", "#include \"lib/math.h\"\n" + clamp_def}}};
+  r = c.Post("/infill", again.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json k = Json::parse(r->body)["slm_context"];
+  EXPECT_EQ(k["duplicates"], 1);
+  ASSERT_EQ(k["chunks"].size(), 1u) << k.dump();
+  EXPECT_EQ(k["chunks"][0]["kind"], "include");
+
+  // The workspace named by its root, the file absolute under it: the same context. A file elsewhere gets none.
+  Json named = request;
+  named["workspace"] = dir;
+  named["filename"] = ws.root() + "/app/main.cpp";
+  r = c.Post("/infill", named.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(Json::parse(r->body)["slm_context"]["chunks"].size(), 2u);
+  Json elsewhere = request;
+  elsewhere["filename"] = "/tmp/elsewhere/main.cpp";
+  r = c.Post("/infill", elsewhere.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_FALSE(Json::parse(r->body).contains("slm_context"));
+
+  // Refusals, each naming its field: an unknown workspace, a path out of it, and (on the suite's server, which reads
+  // no workspace) any workspace at all.
+  auto refused = [&](httplib::Client& client, Json body, const std::string& param, const std::string& says) {
+    auto res = client.Post("/infill", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << res->body;
+    const Json e = Json::parse(res->body)["error"];
+    EXPECT_EQ(e["param"], param) << res->body;
+    EXPECT_NE(e["message"].get<std::string>().find(says), std::string::npos) << res->body;
+  };
+  Json unknown = request;
+  unknown["workspace"] = "/nonexistent/repo";
+  refused(c, unknown, "workspace", "is not a workspace of this server");
+  Json out = named;
+  out["filename"] = "../secrets.cpp";
+  refused(c, out, "filename", "outside the workspace");
+  httplib::Client plain("127.0.0.1", port_);
+  refused(plain, named, "workspace", "reads no workspace");
+
+  // /metrics: the workspace's index, its three files.
+  r = c.Get("/metrics");
+  ASSERT_TRUE(r);
+  const std::string label = "{workspace=\"" + ws.root() + "\"} ";
+  EXPECT_NE(r->body.find("slm_workspace_ready" + label + "1\n"), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("slm_workspace_files" + label + "3\n"), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("slm_workspace_functions" + label + "2\n"), std::string::npos) << r->body;
+  srv.stop();
 }
 
 }  // namespace

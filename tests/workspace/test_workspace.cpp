@@ -133,6 +133,24 @@ TEST(WorkspaceContext, AMethodGetsItsClassAndItsCallersCallSites) {
     }
 }
 
+// A method written inside its class body: the class on disk holds the lines being written (in slm eval fim, the very
+// text to predict), and the window holds the class as the editor has it, so no class chunk.
+TEST(WorkspaceContext, AMethodInsideItsClassGetsNoCopyOfTheClass) {
+  Planted p = plant("inline");
+  Workspace ws(p.dir);
+  ws.refresh();
+  const std::string text = kShapesH;
+  const std::string hidden = "r += by;";
+  const size_t at = text.find(hidden);
+  const auto ctx =
+      workspace::context_at(*ws.graph(), "geo/shapes.h", text.substr(0, at), text.substr(at + hidden.size()));
+  EXPECT_EQ(ctx.function, "geo::Circle::grow");
+  for (const auto& c : ctx.chunks) {
+    EXPECT_NE(c.kind, ChunkKind::kClass) << c.chunk.text;
+    EXPECT_EQ(c.chunk.text.find(hidden), std::string::npos) << c.name;
+  }
+}
+
 TEST(WorkspaceContext, ACallJustTypedInTheBufferIsResolvedBeforeTheFileIsSaved) {
   Planted p = plant("buffer");
   Workspace ws(p.dir);
@@ -178,7 +196,9 @@ TEST(WorkspaceContext, MergeKeepsTheClientsChunksAndDropsRepeats) {
   std::vector<workspace::ContextChunk> ours = {{{"a.cpp", "int a() { return 1; }\n"}, ChunkKind::kCallee, "a", 1},
                                                {{"c.cpp", "int c() { return 3; }\n"}, ChunkKind::kCallee, "c", 1}};
   size_t dup = 0;
-  const auto merged = workspace::merge_chunks(client, ours, &dup);
+  std::vector<bool> kept;
+  const auto merged = workspace::merge_chunks(client, ours, &dup, &kept);
+  EXPECT_EQ(kept, (std::vector<bool>{false, true}));
   ASSERT_EQ(merged.size(), 2u);
   EXPECT_EQ(merged[0].filename, "a.cpp");
   EXPECT_EQ(merged[1].filename, "c.cpp");

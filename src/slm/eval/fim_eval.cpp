@@ -17,6 +17,7 @@
 #include "slm/util/error.h"
 #include "slm/util/files.h"
 #include "slm/util/gnuplot.h"
+#include "slm/workspace/cursor_context.h"
 
 namespace slm::eval {
 
@@ -252,10 +253,6 @@ std::vector<FimContext> parse_fim_contexts(const std::string& list) {
   return out;
 }
 
-struct FimContextSource::Graph {
-  data::CallGraph graph;
-};
-
 FimContextSource::FimContextSource(const std::vector<HeldOutFile>& files, FimContextOptions options)
     : files_(files), options_(options) {}
 FimContextSource::~FimContextSource() = default;
@@ -280,29 +277,20 @@ std::vector<text::InfillChunk> FimContextSource::chunks(const FimCase& c, FimCon
   } else if (mode == FimContext::kGraph) {
     auto& g = graphs_[current.package];
     if (!g) {
-      g = std::make_unique<Graph>();
-      std::vector<std::pair<std::string, std::string>> tree;
+      data::CppFileParser parser;
+      std::vector<std::shared_ptr<const data::ParsedFile>> parsed;
       for (const auto& f : files_)
-        if (f.package == current.package) tree.emplace_back(graph_path(f.path), f.text);
-      g->graph = data::build_call_graph(tree);
+        if (f.package == current.package && data::is_cpp_source_name(f.path))
+          parsed.push_back(std::make_shared<const data::ParsedFile>(parser.parse(graph_path(f.path), f.text)));
+      g = std::make_unique<data::LinkedGraph>(std::move(parsed));
     }
-    const auto& fs = g->graph.functions;
-    const std::string key = graph_path(current.path);
-    // The innermost definition whose lines hold the cursor's.
-    std::optional<uint32_t> around;
-    for (uint32_t i = 0; i < fs.size(); ++i) {
-      const size_t last = fs[i].line + static_cast<size_t>(std::count(fs[i].text.begin(), fs[i].text.end(), '\n'));
-      if (fs[i].file == key && fs[i].line <= c.line && c.line <= last && (!around || fs[i].line > fs[*around].line))
-        around = i;
-    }
-    if (!around) return out;
-    auto add = [&](const std::vector<uint32_t>& related) {
-      for (uint32_t r : related)
-        if (r != *around && out.size() < options_.max_chunks)
-          out.push_back({fs[r].file + ":" + std::to_string(fs[r].line), fs[r].text + "\n"});
-    };
-    add(g->graph.callers[*around]);  // oldest first: the budget drops callers before callees
-    add(g->graph.callees[*around]);
+    // What slm serve --workspace gives the same cursor: the window without the text to predict is parsed on its own,
+    // so the calls that text makes cannot choose the chunks.
+    workspace::ContextOptions o;
+    o.max_chunks = options_.max_chunks;
+    o.max_chunk_lines = options_.chunk_lines;
+    for (auto& k : workspace::context_at(*g, graph_path(current.path), c.prefix + c.prompt, c.suffix, o).chunks)
+      out.push_back(std::move(k.chunk));
   }
   return out;
 }

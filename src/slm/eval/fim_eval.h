@@ -15,9 +15,10 @@
 //   none:       the current file only;
 //   neighbours: llama.vim-style chunks of other files: the first chunk_lines lines of each other held-out file of
 //               the same package, by path, at most max_chunks of them;
-//   graph:      the definitions of the callers and callees of the function around the cursor, from the call graph of
-//               the package's held-out files (data/callgraph.h, as `slm data graphs` builds it per package and split),
-//               each a chunk named "path:line"; callers first, so the budget drops them before the callees.
+//   graph:      the context graph at the cursor as `slm serve --workspace` gives it (workspace/cursor_context.h) with
+//               the package's held-out files as the workspace: the definitions the function around the cursor calls,
+//               its class, its callers' call sites and its included headers' outlines, found from the window
+//               without the text to predict (so that text's own calls cannot choose them), each chunk after its path.
 // The infill prompt keeps extra chunks only when the tokenizer has <|file_sep|> (infill_prompt.h).
 // Metrics: exact match of the first line (trailing whitespace ignored), edit similarity 1 - Levenshtein / max length
 // over Unicode code points, and for body cases the share with which the file compiles (g++ -fsyntax-only).
@@ -30,11 +31,12 @@
 #include <string>
 #include <vector>
 
+#include "slm/data/callgraph.h"
 #include "slm/data/tokenizer.h"
-#include "slm/text/infill_prompt.h"
 #include "slm/eval/compile_pass.h"
 #include "slm/eval/humaneval.h"
 #include "slm/model/hybrid_lm.h"
+#include "slm/text/infill_prompt.h"
 
 namespace slm::eval {
 
@@ -109,10 +111,9 @@ class FimContextSource {
   std::vector<text::InfillChunk> chunks(const FimCase& c, FimContext mode);
 
  private:
-  struct Graph;
   const std::vector<HeldOutFile>& files_;
   FimContextOptions options_;
-  std::map<std::string, std::unique_ptr<Graph>> graphs_;  // package -> its call graph
+  std::map<std::string, std::unique_ptr<data::LinkedGraph>> graphs_;  // package -> its linked call graph
 };
 
 // A model to complete with; tokenizer must have the FIM specials.

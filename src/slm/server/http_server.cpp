@@ -185,6 +185,7 @@ struct Server::Impl {
     const auto t0 = Clock::now();
     auto& prepared = plan.prepared;
     const std::string who = prepared.answered_by;  // a specialist, or "a+b" for a mixture
+    const std::string note = plan.log_note;
     std::shared_ptr<Session> session;
     try {
       session = std::make_shared<Session>(*prepared.engine, *prepared.specialist->tokenizer,
@@ -252,13 +253,13 @@ struct Server::Impl {
       if (r.finish_reason == "error") throw ApiError(500, "generation failed: " + r.error, "", "generation_failed");
       finish(true);
       res.set_content(dump(format->whole(*c)), "application/json");
-      log(req, 200, " " + who + " " + std::to_string(c->completion_tokens) + " tokens");
+      log(req, 200, " " + who + " " + std::to_string(c->completion_tokens) + " tokens" + note);
       return;
     }
 
     res.set_header("Cache-Control", "no-cache");
     const std::string content_type = format->stream_content_type();
-    res.set_chunked_content_provider(content_type, [this, c, session, format, interrupted, finish, &req](
+    res.set_chunked_content_provider(content_type, [this, c, session, format, interrupted, finish, note, &req](
                                                        size_t, httplib::DataSink& sink) {
       auto write = [&](const std::string& bytes) { return bytes.empty() || sink.write(bytes.data(), bytes.size()); };
       for (;;) {
@@ -274,7 +275,7 @@ struct Server::Impl {
             if (!write(format->end(*c))) return false;
           }
           sink.done();
-          log(req, 200, " " + c->model + " stream " + std::to_string(c->completion_tokens) + " tokens");
+          log(req, 200, " " + c->model + " stream " + std::to_string(c->completion_tokens) + " tokens" + note);
           return true;
         }
         if (!piece.empty()) return true;
@@ -440,7 +441,9 @@ struct Server::Impl {
     get("/metrics", [this](const httplib::Request& req, httplib::Response& res) {
       guarded(req, res, "/metrics", [&] {
         metrics.request("/metrics", 200);
-        res.set_content(metrics.render(gauges()), "text/plain; version=0.0.4");
+        std::vector<workspace::WorkspaceStatus> ws;
+        for (const auto* w : options.workspaces) ws.push_back(w->status());
+        res.set_content(metrics.render(gauges(), ws), "text/plain; version=0.0.4");
       });
     });
     get("/", [](const httplib::Request&, httplib::Response& res) {
@@ -452,7 +455,7 @@ struct Server::Impl {
       });
     // llama.cpp's API where editors use it (llama_api.h).
     generation_endpoint("/infill", [this](const std::string& body) {
-      return infill_plan(specialists, body, options.default_max_tokens);
+      return infill_plan(specialists, body, options.default_max_tokens, options.workspaces);
     });
     for (const std::string path : {"/completion", "/completions"})  // llama.cpp serves both names
       generation_endpoint(path, [this](const std::string& body) {

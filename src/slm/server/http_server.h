@@ -12,6 +12,7 @@
 #include <string>
 
 #include "slm/server/specialists.h"
+#include "slm/server/workspace_context.h"
 
 namespace slm::server {
 
@@ -27,6 +28,9 @@ struct ServerOptions {
   double read_timeout_s = 30;
   std::string api_key;               // non-empty: required as "Authorization: Bearer KEY" (not on /health and the page)
   std::function<void(const std::string&)> log;  // one line per request (optional)
+  // The repositories whose context graph /infill requests get (slm serve --workspace; workspace_context.h), indexed
+  // by their own threads; owned by the caller, outliving the server. Their progress is in /metrics.
+  Workspaces workspaces;
 };
 
 class Server {

@@ -198,6 +198,7 @@ InfillParams parse_infill_request(const std::string& body) {
   p.infill.suffix = string_field(j, "input_suffix");
   p.infill.prompt = string_field(j, "prompt");
   p.infill.filename = string_field(j, "filename");
+  p.workspace = string_field(j, "workspace");
   if (given(j, "input_extra")) {
     const auto& extra = j["input_extra"];
     if (!extra.is_array()) throw bad("input_extra", "expected a list of {\"filename\", \"text\"} chunks");
@@ -305,12 +306,15 @@ double per_second(int64_t n, double ms) {
 // llama.cpp's answer to /infill and /completion (server_task_result_cmpl_final/partial, non-OpenAI form).
 class LlamaFormat : public ResponseFormat {
  public:
-  LlamaFormat(LlamaParams params, std::string id_prefix, std::string prompt, bool truncated, int64_t n_ctx)
+  // context: our "slm_context" field (workspace_context.h), left out when null.
+  LlamaFormat(LlamaParams params, std::string id_prefix, std::string prompt, bool truncated, int64_t n_ctx,
+              Json context = nullptr)
       : p_(std::move(params)),
         id_prefix_(std::move(id_prefix)),
         prompt_(std::move(prompt)),
         truncated_(truncated),
-        n_ctx_(n_ctx) {}
+        n_ctx_(n_ctx),
+        context_(std::move(context)) {}
   std::string id_prefix() const override { return id_prefix_; }
   nlohmann::json whole(const GenerationReport& r) override {
     const Json full = final_json(r, warm_up() ? "" : r.text);
@@ -354,27 +358,30 @@ class LlamaFormat : public ResponseFormat {
                      {"samplers", p_.samplers},
                      {"stream", p_.stream},
                      {"cache_prompt", p_.cache_prompt}};
-    return {{"index", 0},
-            {"content", content},
-            {"tokens", Json::array()},
-            {"id_slot", 0},
-            {"stop", true},
-            {"model", r.model},
-            {"tokens_predicted", predicted},
-            {"tokens_evaluated", r.prompt_tokens},
-            {"generation_settings", settings},
-            {"prompt", prompt_},
-            {"has_new_line", content.find('\n') != std::string::npos},
-            {"truncated", truncated_},
-            {"stop_type", stop_type(r, warm_up())},
-            {"stopping_word", r.stop_word},
-            {"tokens_cached", r.cached_tokens},
-            {"timings", timings}};
+    Json out = {{"index", 0},
+                {"content", content},
+                {"tokens", Json::array()},
+                {"id_slot", 0},
+                {"stop", true},
+                {"model", r.model},
+                {"tokens_predicted", predicted},
+                {"tokens_evaluated", r.prompt_tokens},
+                {"generation_settings", settings},
+                {"prompt", prompt_},
+                {"has_new_line", content.find('\n') != std::string::npos},
+                {"truncated", truncated_},
+                {"stop_type", stop_type(r, warm_up())},
+                {"stopping_word", r.stop_word},
+                {"tokens_cached", r.cached_tokens},
+                {"timings", timings}};
+    if (!context_.is_null()) out["slm_context"] = context_;
+    return out;
   }
   LlamaParams p_;
   std::string id_prefix_, prompt_;
   bool truncated_;
   int64_t n_ctx_;
+  Json context_;
 };
 
 // llama.cpp's n_indent and t_max_predict_ms (server_context::process_token): once a line has begun after a newline,
@@ -399,9 +406,12 @@ TextLimit infill_limit(int64_t n_indent, int64_t t_max_predict_ms) {
 
 }  // namespace
 
-GenerationPlan infill_plan(const Specialists& specialists, const std::string& body, int64_t default_max_tokens) {
+GenerationPlan infill_plan(const Specialists& specialists, const std::string& body, int64_t default_max_tokens,
+                           const Workspaces& workspaces) {
   InfillParams p = parse_infill_request(body);
   GenerationPlan plan;
+  AddedContext added = add_workspace_context(workspaces, p.workspace, p.infill);
+  plan.log_note = added.log;
   auto& prep = plan.prepared;
   const std::string text = p.infill.prefix + p.infill.prompt + p.infill.suffix;
   // Without a file name of its own, the newest extra chunk's names the file type (llama.vim's warm-up sends only
@@ -434,7 +444,7 @@ GenerationPlan infill_plan(const Specialists& specialists, const std::string& bo
   plan.limit = infill_limit(p.n_indent, p.t_max_predict_ms);
   std::vector<uint32_t> shown(prompt.ids.begin(), prompt.ids.end());
   plan.format = std::make_unique<LlamaFormat>(std::move(p), "infill", sp.tokenizer->decode(shown, true),
-                                              prompt.truncated, ctx);
+                                              prompt.truncated, ctx, std::move(added.debug));
   return plan;
 }
 

@@ -11,9 +11,10 @@
 #include <vector>
 
 #include "slm/engine/engine.h"
-#include "slm/text/infill_prompt.h"
 #include "slm/server/response_format.h"
 #include "slm/server/specialists.h"
+#include "slm/server/workspace_context.h"
+#include "slm/text/infill_prompt.h"
 
 namespace slm::server {
 
@@ -33,6 +34,7 @@ struct LlamaParams {
 
 struct InfillParams : LlamaParams {
   text::InfillRequest infill;  // input_extra, input_prefix, prompt, input_suffix; filename (our extension)
+  std::string workspace;       // our extension: the root of the server's workspace the file is in (workspace_context.h)
 };
 
 // POST /completion's prompt: a string, a list of token ids, or a list mixing strings and ids (llama.cpp's "mixed"
@@ -64,7 +66,11 @@ text::InfillPrompt infill_prompt_for(const Specialist& sp, const text::InfillReq
 // same from keystroke to keystroke.
 std::vector<int64_t> infill_cache_points(const Specialist& sp, const text::InfillPrompt& prompt);
 
-GenerationPlan infill_plan(const Specialists& specialists, const std::string& body, int64_t default_max_tokens);
+// POST /infill: the specialist as infill_specialist picks it, the context graph at the cursor when the file is in
+// one of the workspaces (its chunks after the client's input_extra; the response's "slm_context" and the log say
+// which), the prompt within the context left by n_predict, and llama.cpp's answer.
+GenerationPlan infill_plan(const Specialists& specialists, const std::string& body, int64_t default_max_tokens,
+                           const Workspaces& workspaces = {});
 // The specialist as for /infill (named, the text's file type, else the router), the prompt's ids (ids outside the
 // tokenizer's vocabulary: 400), and llama.cpp's answer: the response JSON and stream of /infill, with "prompt".
 GenerationPlan completion_plan(const Specialists& specialists, const std::string& body, int64_t default_max_tokens);

@@ -119,7 +119,8 @@ void Metrics::cancelled(const std::string& specialist) {
   ++specialists_[specialist].cancelled;
 }
 
-std::string Metrics::render(const std::vector<EngineGauges>& engines) const {
+std::string Metrics::render(const std::vector<EngineGauges>& engines,
+                            const std::vector<workspace::WorkspaceStatus>& workspaces) const {
   std::lock_guard lock(mu_);
   std::string o;
   o += "# HELP slm_http_requests_total HTTP requests by endpoint and status.\n# TYPE slm_http_requests_total counter\n";
@@ -172,6 +173,28 @@ std::string Metrics::render(const std::vector<EngineGauges>& engines) const {
   for (const auto& e : engines)
     o += "slm_specialist_weight_bytes{specialist=\"" + label(e.specialist) + "\"} " +
          std::to_string(e.weight_bytes) + "\n";
+  auto per_workspace = [&](const char* name, const char* help, const char* type, auto get) {
+    if (workspaces.empty()) return;
+    o += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    for (const auto& w : workspaces) o += std::string(name) + "{workspace=\"" + label(w.root) + "\"} " + get(w) + "\n";
+  };
+  using WS = workspace::WorkspaceStatus;
+  auto n = [](uint64_t v) { return std::to_string(v); };
+  per_workspace("slm_workspace_ready", "1 once the workspace's first scan is indexed.", "gauge",
+                [](const WS& w) { return std::string(w.ready ? "1" : "0"); });
+  per_workspace("slm_workspace_files", "C++ files of the workspace in its index.", "gauge",
+                [&](const WS& w) { return n(w.files); });
+  per_workspace("slm_workspace_bytes", "Bytes of the indexed files.", "gauge", [&](const WS& w) { return n(w.bytes); });
+  per_workspace("slm_workspace_functions", "Function definitions in the workspace's call graph.", "gauge",
+                [&](const WS& w) { return n(w.functions); });
+  per_workspace("slm_workspace_skipped_files", "C++ files left out (too large, binary, unparsable, over a budget).",
+                "gauge", [&](const WS& w) { return n(w.skipped); });
+  per_workspace("slm_workspace_pending_files", "C++ files waiting for the next scan (over a scan's time budget).",
+                "gauge", [&](const WS& w) { return n(w.pending); });
+  per_workspace("slm_workspace_scans_total", "Scans of the workspace's tree.", "counter",
+                [&](const WS& w) { return n(w.refreshes); });
+  per_workspace("slm_workspace_index_seconds_total", "Time spent parsing and linking the workspace.", "counter",
+                [](const WS& w) { return std::to_string(w.index_seconds); });
   const ProcessMemory pm = process_memory();
   o += "# HELP slm_process_resident_bytes Resident memory of the server process.\n"
        "# TYPE slm_process_resident_bytes gauge\nslm_process_resident_bytes " +

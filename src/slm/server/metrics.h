@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "slm/workspace/workspace.h"
+
 namespace slm::server {
 
 class Histogram {
@@ -48,7 +50,9 @@ class Metrics {
   void generation(const std::string& specialist, int64_t prompt_tokens, int64_t completion_tokens, double latency_s,
                   double first_token_s, const std::string& finish_reason);
   void cancelled(const std::string& specialist);
-  std::string render(const std::vector<EngineGauges>& engines) const;
+  // workspaces: the indexing progress of slm serve --workspace (families left out when there are none).
+  std::string render(const std::vector<EngineGauges>& engines,
+                     const std::vector<workspace::WorkspaceStatus>& workspaces = {}) const;
 
  private:
   mutable std::mutex mu_;

@@ -60,6 +60,7 @@ struct GenerationPlan {
   bool stream = false;
   TextLimit limit;  // optional (session.h)
   std::unique_ptr<ResponseFormat> format;
+  std::string log_note;  // appended to the request's log line (" context: ...")
 };
 
 // What a generation endpoint supplies: its request body -> the plan. Throws ApiError for a bad request.

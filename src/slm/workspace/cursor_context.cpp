@@ -77,9 +77,12 @@ CursorContext context_at(const data::LinkedGraph& graph, const std::string& path
     if (f.file == path && (f.qualified() == here.qualified() || in_window(f.text))) continue;
     ranked.push_back({{f.file, cut(f.text)}, ChunkKind::kCallee, f.qualified(), f.line});
   }
-  // The class of a method.
+  // The class of a method, unless its definition is the one around the cursor (a method defined in the class body):
+  // the window holds that class as the editor has it now, and the copy on disk would hold the very lines being written.
   if (!here.scope.empty())
-    if (const data::ClassDef* cls = graph.find_class(here.scope); cls && !in_window(cls->text))
+    if (const data::ClassDef* cls = graph.find_class(here.scope);
+        cls && !in_window(cls->text) &&
+        !(cls->file == path && cls->line <= cursor_line && cursor_line <= cls->line + count_lines(cls->text)))
       ranked.push_back({{cls->file, cut(cls->text)}, ChunkKind::kClass, cls->qualified, cls->line});
   // Callers, from the graph's copy of this function (the file on disk): the lines around each one's first call.
   int self = -1;
@@ -145,8 +148,10 @@ CursorContext context_at(const data::LinkedGraph& graph, const std::string& path
 }
 
 std::vector<text::InfillChunk> merge_chunks(const std::vector<text::InfillChunk>& client,
-                                            const std::vector<ContextChunk>& ours, size_t* duplicates) {
+                                            const std::vector<ContextChunk>& ours, size_t* duplicates,
+                                            std::vector<bool>* ours_kept) {
   std::vector<text::InfillChunk> out;
+  if (ours_kept) ours_kept->assign(ours.size(), false);
   size_t dup = 0;
   for (const auto& c : client) {
     if (std::any_of(out.begin(), out.end(),
@@ -157,13 +162,15 @@ std::vector<text::InfillChunk> merge_chunks(const std::vector<text::InfillChunk>
     out.push_back(c);
   }
   const size_t from_client = out.size();
-  for (const auto& c : ours) {
+  for (size_t i = 0; i < ours.size(); ++i) {
+    const auto& c = ours[i];
     if (std::any_of(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(from_client),
                     [&](const text::InfillChunk& k) { return k.text.find(c.chunk.text) != std::string::npos; })) {
       ++dup;
       continue;
     }
     out.push_back(c.chunk);
+    if (ours_kept) (*ours_kept)[i] = true;
   }
   if (duplicates) *duplicates = dup;
   return out;

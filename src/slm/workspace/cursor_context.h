@@ -52,8 +52,10 @@ CursorContext context_at(const data::LinkedGraph& graph, const std::string& path
                          const std::string& after, const ContextOptions& options = {});
 
 // The client's chunks (input_extra, oldest first) followed by ours, without repeats: a client chunk equal to an
-// earlier one and a chunk of ours whose text a client chunk already holds are left out, counted in *duplicates.
+// earlier one and a chunk of ours whose text a client chunk already holds are left out, counted in *duplicates;
+// (*ours_kept)[i] tells whether ours[i] went in.
 std::vector<text::InfillChunk> merge_chunks(const std::vector<text::InfillChunk>& client,
-                                            const std::vector<ContextChunk>& ours, size_t* duplicates = nullptr);
+                                            const std::vector<ContextChunk>& ours, size_t* duplicates = nullptr,
+                                            std::vector<bool>* ours_kept = nullptr);
 
 }  // namespace slm::workspace
