@@ -228,11 +228,19 @@ void add_eval_fim_command(CLI::App* eval) {
                 "and timings.prompt_n");
   f->add_option("--server-model", c->latency.model, "the /infill requests' \"model\" (\"\": the server's choice)");
   f->add_option("--api-key", c->latency.api_key, "the server's API key, if it wants one");
-  f->add_option("--prefix-chars", c->latency.prefix_chars,
-                "input_prefix: the whole lines before the cursor's line within this many characters")
+  f->add_option("--prefix-chars", c->latency.window.prefix_chars,
+                "the /infill requests' input_prefix: the whole lines before the cursor's line within this many "
+                "characters")
       ->capture_default_str();
-  f->add_option("--suffix-lines", c->latency.suffix_lines,
-                "input_suffix: lines after the cursor (llama.vim's n_suffix)")
+  f->add_option("--suffix-lines", c->latency.window.suffix_lines,
+                "the /infill requests' input_suffix: lines after the cursor (llama.vim's n_suffix)")
+      ->capture_default_str();
+  f->add_option("--window-prefix-chars", c->run.window.prefix_chars,
+                "the quality cases' prefix as an editor sends it: the whole lines before the cursor's line within "
+                "this many characters (0: the whole file); the graph context is found from the same window")
+      ->capture_default_str();
+  f->add_option("--window-suffix-lines", c->run.window.suffix_lines,
+                "the quality cases' suffix: this many lines after the cursor's (0: the rest of the file)")
       ->capture_default_str();
   f->add_option("--n-predict", c->latency.n_predict, "n_predict of the /infill requests")->capture_default_str();
   f->add_option("--warm", c->latency.warm, "warm requests per file after the cold one")->capture_default_str();

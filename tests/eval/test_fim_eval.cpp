@@ -271,8 +271,8 @@ TEST(FimLatency, RequestsAreShapedAsLlamaVimSendsThem) {
   const auto cases = line_cases("x.cpp", kFile, 0, 4);
   const FimCase& c = cases[3];  // line 5, "  return s;": its prefix holds lines 1-4 (77 bytes, line 4 is 17)
   FimLatencyOptions o;
-  o.prefix_chars = 17;  // line 4 fits exactly
-  o.suffix_lines = 2;
+  o.window.prefix_chars = 17;  // line 4 fits exactly
+  o.window.suffix_lines = 2;
   o.n_predict = 32;
   auto j = llama_vim_request(c, 0, o);
   EXPECT_EQ(j["input_prefix"], "  int s = a + b;\n");
@@ -290,10 +290,18 @@ TEST(FimLatency, RequestsAreShapedAsLlamaVimSendsThem) {
   EXPECT_EQ(j["prompt"], "  retu");
   EXPECT_EQ(j["input_suffix"], "\n}\n\n");
   EXPECT_EQ(llama_vim_request(c, 100, o)["prompt"], "  return s;");
-  o.prefix_chars = 16;  // line 4 no longer fits: whole lines only
+  o.window.prefix_chars = 16;  // line 4 no longer fits: whole lines only
   EXPECT_EQ(llama_vim_request(c, 0, o)["input_prefix"], "");
-  o.prefix_chars = 1500;
+  o.window.prefix_chars = 1500;
   EXPECT_EQ(llama_vim_request(c, 0, o)["input_prefix"], c.prefix);
+  // The quality run's window is the same cut; 0 keeps a side whole.
+  const FimCase w = fim_window(c, FimWindow{17, 0});
+  EXPECT_EQ(w.prefix, "  int s = a + b;\n");
+  EXPECT_EQ(w.suffix, c.suffix);
+  EXPECT_EQ(w.prompt, c.prompt);
+  EXPECT_EQ(w.truth, c.truth);
+  EXPECT_EQ(fim_window(c, FimWindow{0, 2}).prefix, c.prefix);
+  EXPECT_EQ(fim_window(c, FimWindow{0, 2}).suffix, "\n}\n\n");
 }
 
 TEST(FimLatency, NearestRankPercentiles) {

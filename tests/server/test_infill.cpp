@@ -702,12 +702,20 @@ TEST_F(Infill, ReadmeCurlLine) {
 // server starts. The cursor in level(), which calls clamp(): clamp's definition and the outline of the header level's
 // file includes go into the prompt after the client's chunks, the response and the log name them, a client chunk that
 // already holds clamp's text keeps it out, and the refusals name their field.
-TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
-  const std::string dir = test::fresh_dir("infill-workspace");
-  const std::string clamp_def = "int clamp(int v, int lo, int hi) {\n  return v < lo ? lo : v > hi ? hi : v;\n}\n";
+const std::string kClampDef = "int clamp(int v, int lo, int hi) {\n  return v < lo ? lo : v > hi ? hi : v;\n}\n";
+const std::string kMainCpp = "#include \"lib/math.h\"\nint main() { return clamp(3, 0, 2); }\n";
+
+std::string plant_math_workspace(const std::string& tag) {
+  const std::string dir = test::fresh_dir(tag);
   test::write_file(dir + "/lib/math.h", "#pragma once\nint clamp(int v, int lo, int hi);\n");
-  test::write_file(dir + "/lib/math.cpp", "#include \"lib/math.h\"\n" + clamp_def);
-  test::write_file(dir + "/app/main.cpp", "int main() { return 0; }\n");
+  test::write_file(dir + "/lib/math.cpp", "#include \"lib/math.h\"\n" + kClampDef);
+  test::write_file(dir + "/app/main.cpp", kMainCpp);
+  return dir;
+}
+
+TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
+  const std::string dir = plant_math_workspace("infill-workspace");
+  const std::string& clamp_def = kClampDef;
   workspace::Workspace ws(dir);
   ASSERT_EQ(ws.refresh(), 3u);
   std::mutex mu;
@@ -815,6 +823,80 @@ TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
   EXPECT_NE(r->body.find("slm_workspace_ready" + label + "1\n"), std::string::npos) << r->body;
   EXPECT_NE(r->body.find("slm_workspace_files" + label + "3\n"), std::string::npos) << r->body;
   EXPECT_NE(r->body.find("slm_workspace_functions" + label + "2\n"), std::string::npos) << r->body;
+  srv.stop();
+}
+
+// A chat message naming a file of the workspace (`@app/main.cpp`, or the request's `files`) gets the file, the
+// definitions it calls elsewhere and its headers' outlines before the question; a path out of the workspace, or any
+// file on a server without one, is a 400 naming the field.
+TEST_F(Infill, ChatMessagesNamingWorkspaceFilesGetTheirGraph) {
+  const std::string dir = plant_math_workspace("chat-workspace");
+  workspace::Workspace ws(dir);
+  ASSERT_EQ(ws.refresh(), 3u);
+  std::mutex mu;
+  std::vector<std::string> lines;
+  ServerOptions so;
+  so.port = 0;
+  so.threads = 4;
+  so.workspaces = {&ws};
+  so.log = [&](const std::string& l) {
+    std::lock_guard lock(mu);
+    lines.push_back(l);
+  };
+  Server srv(*specialists_, so);
+  httplib::Client c("127.0.0.1", srv.start());
+  c.set_read_timeout(120);
+  ScriptedEngine& engine = script(spell("x"));
+  const std::string question = "What does @app/main.cpp return?";
+  Json request = {{"model", "scripted"}, {"messages", {{{"role", "user"}, {"content", question}}}}, {"max_tokens", 1}};
+  auto r = c.Post("/v1/chat/completions", request.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto ids = engine.last().prompt;
+  const std::string prompt = tokenizer()->decode(std::vector<uint32_t>(ids.begin(), ids.end()));
+  const size_t file_at = prompt.find("app/main.cpp:\n```\n" + kMainCpp + "```\n"),
+               def_at = prompt.find("lib/math.cpp:2:\n```\n" + kClampDef + "```\n"),
+               header_at = prompt.find("lib/math.h:\n```\n#pragma once\n"), question_at = prompt.find(question);
+  ASSERT_NE(file_at, std::string::npos) << prompt;
+  ASSERT_NE(def_at, std::string::npos) << prompt;
+  ASSERT_NE(header_at, std::string::npos) << prompt;
+  ASSERT_NE(question_at, std::string::npos) << prompt;
+  EXPECT_LT(file_at, def_at);
+  EXPECT_LT(def_at, question_at);
+  {
+    std::lock_guard lock(mu);
+    ASSERT_FALSE(lines.empty());
+    EXPECT_NE(lines.back().find(" context: 3 of 3 chunk(s) (file app/main.cpp, callee clamp, include lib/math.h)"),
+              std::string::npos)
+        << lines.back();
+  }
+  // The same through `files`, with a question that names nothing; an @word that is no file stays text.
+  request["messages"][0]["content"] = "Explain this to @everyone.";
+  request["files"] = {"lib/math.cpp"};
+  r = c.Post("/v1/chat/completions", request.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const auto ids2 = engine.last().prompt;
+  const std::string prompt2 = tokenizer()->decode(std::vector<uint32_t>(ids2.begin(), ids2.end()));
+  EXPECT_NE(prompt2.find("lib/math.cpp:\n```\n#include \"lib/math.h\"\n" + kClampDef), std::string::npos) << prompt2;
+  EXPECT_EQ(prompt2.find("app/main.cpp"), std::string::npos) << prompt2;
+  EXPECT_NE(prompt2.find("Explain this to @everyone."), std::string::npos) << prompt2;
+
+  auto refused = [&](httplib::Client& client, const Json& body, const std::string& says) {
+    auto res = client.Post("/v1/chat/completions", body.dump(), "application/json");
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << res->body;
+    const Json e = Json::parse(res->body)["error"];
+    EXPECT_EQ(e["param"], "files[0]") << res->body;
+    EXPECT_NE(e["message"].get<std::string>().find(says), std::string::npos) << res->body;
+  };
+  Json out = request;
+  out["files"] = {"../outside.cpp"};
+  refused(c, out, "outside the workspace");
+  out["files"] = {"lib/missing.cpp"};
+  refused(c, out, "no such file");
+  httplib::Client plain("127.0.0.1", port_);
+  refused(plain, request, "reads no workspace");
   srv.stop();
 }
 

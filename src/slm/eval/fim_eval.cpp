@@ -399,12 +399,13 @@ FimReport run_fim(const std::vector<HeldOutFile>& files, const std::vector<FimCa
     add(r.scores[copy.score], copy, c);
     predictions.push_back(std::move(copy));
     if (progress) progress(++done, total);
+    const FimCase w = fim_window(c, o.window);
     for (FimContext mode : o.contexts) {
       text::InfillRequest req;
-      req.extra = context.chunks(c, mode);
-      req.prefix = c.prefix;
-      req.prompt = c.prompt;
-      req.suffix = c.suffix;
+      req.extra = context.chunks(w, mode);
+      req.prefix = w.prefix;
+      req.prompt = w.prompt;
+      req.suffix = w.suffix;
       req.filename = files.at(c.file).path;
       for (const auto& m : models) {
         const auto g = fim_generate(m, req, c, o.generate);
@@ -518,22 +519,30 @@ std::string FimReport::markdown() const {
   return md.str();
 }
 
-nlohmann::json llama_vim_request(const FimCase& c, size_t typed, const FimLatencyOptions& o) {
+FimCase fim_window(const FimCase& c, const FimWindow& w) {
+  FimCase out = c;
   // The whole lines of the prefix within prefix_chars (llama.vim sends whole lines, n_prefix of them).
-  size_t from = c.prefix.size() > o.prefix_chars ? c.prefix.size() - o.prefix_chars : 0;
-  if (from > 0) {
-    const size_t nl = c.prefix.find('\n', from - 1);
-    from = nl == std::string::npos ? c.prefix.size() : nl + 1;
+  if (w.prefix_chars > 0 && c.prefix.size() > w.prefix_chars) {
+    const size_t nl = c.prefix.find('\n', c.prefix.size() - w.prefix_chars - 1);
+    out.prefix = c.prefix.substr(nl == std::string::npos ? c.prefix.size() : nl + 1);
   }
-  size_t end = 0;
-  for (size_t l = 0; l <= o.suffix_lines && end != std::string::npos; ++l) {
-    end = c.suffix.find('\n', end);
-    if (end != std::string::npos) ++end;
+  if (w.suffix_lines > 0) {  // the rest of the cursor's line, then suffix_lines lines
+    size_t end = 0;
+    for (size_t l = 0; l <= w.suffix_lines && end != std::string::npos; ++l) {
+      end = c.suffix.find('\n', end);
+      if (end != std::string::npos) ++end;
+    }
+    out.suffix = c.suffix.substr(0, end);
   }
+  return out;
+}
+
+nlohmann::json llama_vim_request(const FimCase& c, size_t typed, const FimLatencyOptions& o) {
+  const FimCase w = fim_window(c, o.window);
   // The user is writing the line: what they typed of the truth is before the cursor, nothing of it after.
   return {{"id_slot", 0},
-          {"input_prefix", c.prefix.substr(from)},
-          {"input_suffix", c.suffix.substr(0, end)},
+          {"input_prefix", w.prefix},
+          {"input_suffix", w.suffix},
           {"input_extra", nlohmann::json::array()},
           {"prompt", c.prompt + c.truth.substr(0, std::min(typed, c.truth.size()))},
           {"n_predict", o.n_predict},

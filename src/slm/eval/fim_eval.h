@@ -157,8 +157,18 @@ struct FimScore {
   double mean_similarity() const { return cases ? similarity / static_cast<double>(cases) : 0; }
 };
 
+// The text around the cursor as an editor sends it: the whole lines before the cursor's line within prefix_chars
+// characters, the cursor's line, and suffix_lines lines after the cursor (llama.vim sends n_prefix and n_suffix lines);
+// 0: all of that side. The graph mode's context is found from the same window, as the server finds it.
+struct FimWindow {
+  size_t prefix_chars = 0, suffix_lines = 0;
+};
+// The case with its prefix and suffix cut to the window.
+FimCase fim_window(const FimCase& c, const FimWindow& window);
+
 struct FimRunOptions {
   std::vector<FimContext> contexts = {FimContext::kNone, FimContext::kNeighbours, FimContext::kGraph};
+  FimWindow window;  // the whole file by default
   FimContextOptions context;
   FimGenerateOptions generate;
   Judge* judge = nullptr;    // body cases are compiled with it; null: no compile check
@@ -189,8 +199,7 @@ struct FimLatencyOptions {
   std::string url;    // http://HOST:PORT of `slm serve`
   std::string model;  // the request's "model" ("" as llama.vim sends by default: the server's choice)
   std::string api_key;
-  size_t prefix_chars = 1500;  // input_prefix: the whole lines before the cursor's within this many characters
-  size_t suffix_lines = 64;    // input_suffix: this many lines after the cursor (llama.vim's n_suffix)
+  FimWindow window{1500, 64};  // input_prefix and input_suffix (64: llama.vim's n_suffix)
   int64_t n_predict = 48;
   size_t warm = 3, step_chars = 4;
   size_t max_files = 20;  // cold requests at most

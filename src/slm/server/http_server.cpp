@@ -451,7 +451,7 @@ struct Server::Impl {
     });
     for (const bool chat : {true, false})
       generation_endpoint(chat ? "/v1/chat/completions" : "/v1/completions", [this, chat](const std::string& body) {
-        return openai_plan(specialists, body, chat, options.default_max_tokens);
+        return openai_plan(specialists, body, chat, options.default_max_tokens, options.workspaces);
       });
     // llama.cpp's API where editors use it (llama_api.h).
     generation_endpoint("/infill", [this](const std::string& body) {

@@ -99,6 +99,13 @@ GenerationRequest parse_generation_request(const std::string& body, bool chat) {
       if (!m.contains("content")) throw bad(where + ".content", "required");
       r.messages.push_back({role, message_content(m["content"], where + ".content")});
     }
+    if (j.contains("files") && !j["files"].is_null()) {
+      if (!j["files"].is_array()) throw bad("files", "expected a list of file paths of the server's workspaces");
+      for (size_t i = 0; i < j["files"].size(); ++i) {
+        if (!j["files"][i].is_string()) throw bad("files[" + std::to_string(i) + "]", "expected a string");
+        r.files.push_back(j["files"][i].get<std::string>());
+      }
+    }
   } else {
     if (!j.contains("prompt")) throw bad("prompt", "required: a string");
     const auto& p = j["prompt"];

@@ -47,6 +47,7 @@ struct GenerationRequest {
   engine::Sampling sampling;
   std::vector<std::string> stop;
   bool stream = false, include_usage = false;
+  std::vector<std::string> files;  // chat, our extension: files of the server's workspaces the messages are about
   // The text the router reads: the last user message (chat) or the prompt.
   std::string routing_text() const;
 };

@@ -48,10 +48,36 @@ std::unique_ptr<ResponseFormat> openai_format(bool chat, bool include_usage) {
 }
 
 GenerationPlan openai_plan(const Specialists& specialists, const std::string& body, bool chat,
-                           int64_t default_max_tokens) {
+                           int64_t default_max_tokens, const Workspaces& workspaces) {
   const GenerationRequest g = parse_generation_request(body, chat);
   GenerationPlan plan;
   plan.prepared = prepare_generation(specialists, g, default_max_tokens);
+  if (chat && (!workspaces.empty() || !g.files.empty()))
+    if (const auto chunks = chat_files_context(workspaces, g.files, g.routing_text()); !chunks.empty()) {
+      auto& prep = plan.prepared;
+      const text::ChatTemplate& tmpl = *prep.specialist->chat;
+      const int64_t ctx = prep.engine->context_length();
+      const int64_t room = prep.request.max_tokens;  // the completion keeps what it had without the files
+      size_t user = g.messages.size() - 1;
+      while (user > 0 && g.messages[user].role != "user") --user;
+      // The most chunks (best first) whose prompt leaves that room.
+      for (size_t k = chunks.size(); k > 0; --k) {
+        auto messages = g.messages;
+        messages[user].content = chat_context_block({chunks.begin(), chunks.begin() + static_cast<std::ptrdiff_t>(k)}) +
+                                 messages[user].content;
+        auto ids = tmpl.chat_prompt(messages);
+        if (static_cast<int64_t>(ids.size()) + room > ctx) continue;
+        prep.request.prompt = std::move(ids);
+        std::string names;
+        for (size_t i = 0; i < k; ++i)
+          names += std::string(i ? ", " : "") + workspace::chunk_kind_name(chunks[i].kind) + " " + chunks[i].name;
+        plan.log_note =
+            " context: " + std::to_string(k) + " of " + std::to_string(chunks.size()) + " chunk(s) (" + names + ")";
+        break;
+      }
+      if (plan.log_note.empty())
+        plan.log_note = " context: the workspace's files did not fit the context beside the completion";
+    }
   plan.stop = g.stop;
   plan.stream = g.stream;
   plan.format = openai_format(chat, g.include_usage);

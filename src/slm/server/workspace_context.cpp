@@ -2,8 +2,13 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <optional>
 
 #include "slm/server/openai.h"
 
@@ -110,6 +115,76 @@ AddedContext add_workspace_context(const Workspaces& workspaces, const std::stri
             ": " + std::to_string(chunks.size()) + " chunk(s) added" + (names.empty() ? "" : " (" + names + ")") +
             (duplicates ? ", " + std::to_string(duplicates) + " repeat(s) left out" : "");
   return out;
+}
+
+std::vector<workspace::ContextChunk> chat_files_context(const Workspaces& workspaces,
+                                                        const std::vector<std::string>& files,
+                                                        const std::string& text) {
+  struct Named {
+    workspace::Workspace* ws;
+    std::string rel;
+  };
+  std::vector<Named> named;
+  // The workspace and path of a name, if it is a regular file of one (a relative name: the first that holds it).
+  auto locate = [&](const std::string& name, std::string* why) -> std::optional<Named> {
+    for (auto* w : workspaces) {
+      const std::string rel = w->relative(name, why);
+      if (!rel.empty() && is_regular_file(w->root() + "/" + rel)) return Named{w, rel};
+      if (!rel.empty() && why) *why = "no such file in the workspace " + w->root();
+    }
+    return std::nullopt;
+  };
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string where = "files[" + std::to_string(i) + "]";
+    if (workspaces.empty())
+      throw ApiError(400, where + ": this server reads no workspace (start it with slm serve --workspace DIR)", where);
+    std::string why = "not in a workspace of this server (" + roots(workspaces) + ")";
+    const auto n = locate(files[i], &why);
+    if (!n) throw ApiError(400, where + ": " + files[i] + ": " + why, where);
+    named.push_back(*n);
+  }
+  // @path mentions: '@' at the start or after a space, then the path up to the next space or closing punctuation.
+  for (size_t at = text.find('@'); at != std::string::npos; at = text.find('@', at + 1)) {
+    if (at > 0 && !std::isspace(static_cast<unsigned char>(text[at - 1])) && text[at - 1] != '(') continue;
+    size_t end = at + 1;
+    while (end < text.size() && !std::isspace(static_cast<unsigned char>(text[end])) && text[end] != ')' &&
+           text[end] != ',' && text[end] != '`')
+      ++end;
+    std::string name = text.substr(at + 1, end - at - 1);
+    while (!name.empty() && (name.back() == '.' || name.back() == ':' || name.back() == '?' || name.back() == '!'))
+      name.pop_back();
+    if (name.empty()) continue;
+    if (const auto n = locate(name, nullptr)) named.push_back(*n);
+  }
+  std::vector<workspace::ContextChunk> out;
+  for (const auto& n : named) {
+    const auto graph = n.ws->graph();
+    std::ifstream in(n.ws->root() + "/" + n.rel, std::ios::binary);
+    std::string body(std::istreambuf_iterator<char>(in), {});
+    if (body.size() > n.ws->limits().max_file_bytes) body.resize(n.ws->limits().max_file_bytes);
+    std::vector<workspace::ContextChunk> chunks;
+    if (graph) {
+      chunks = workspace::file_context(*graph, n.rel, body);
+    } else {  // not indexed yet: the file alone
+      chunks.push_back({{n.rel, body}, workspace::ChunkKind::kFile, n.rel, 1});
+    }
+    for (auto& c : chunks)
+      if (std::none_of(out.begin(), out.end(), [&](const workspace::ContextChunk& k) {
+            return k.chunk.filename == c.chunk.filename && k.chunk.text == c.chunk.text;
+          }))
+        out.push_back(std::move(c));
+  }
+  return out;
+}
+
+std::string chat_context_block(const std::vector<workspace::ContextChunk>& chunks) {
+  std::string out = "Files of my workspace:\n";
+  for (const auto& c : chunks) {
+    out += "\n" + c.chunk.filename + (c.line > 1 ? ":" + std::to_string(c.line) : "") + ":\n```\n" + c.chunk.text;
+    if (!c.chunk.text.empty() && c.chunk.text.back() != '\n') out += "\n";
+    out += "```\n";
+  }
+  return out + "\n";
 }
 
 }  // namespace slm::server

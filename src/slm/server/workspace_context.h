@@ -34,4 +34,13 @@ struct AddedContext {
 AddedContext add_workspace_context(const Workspaces& workspaces, const std::string& workspace_field,
                                    text::InfillRequest& request, const workspace::ContextOptions& options = {});
 
+// A chat request's files: each of `files` (our extension; one outside every workspace is a 400 naming files[i], as is
+// any when the server reads none) and each `@path` in `text` (the last user message) that names a regular file of a
+// workspace (other @words stay text), read from disk (at most the workspace's max_file_bytes), each followed by
+// workspace::file_context's chunks: the definitions it calls elsewhere and its headers' outlines. Repeats left out.
+std::vector<workspace::ContextChunk> chat_files_context(const Workspaces& workspaces,
+                                                        const std::vector<std::string>& files, const std::string& text);
+// The block a user message gets before its own text: each chunk as "path:line:" and the text in a fenced block.
+std::string chat_context_block(const std::vector<workspace::ContextChunk>& chunks);
+
 }  // namespace slm::server

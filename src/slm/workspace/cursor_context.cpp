@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 
 namespace slm::workspace {
 
@@ -32,6 +33,39 @@ std::string with_newline(std::string s) {
   return s;
 }
 
+// The outline (first lines after the license) of each workspace header the buffer includes, up to max_includes.
+void add_include_outlines(const data::LinkedGraph& graph, const data::ParsedFile& buffer, const std::string& path,
+                          const std::function<bool(const std::string&)>& in_window, const ContextOptions& o,
+                          std::vector<ContextChunk>& ranked) {
+  size_t includes = 0;
+  for (const std::string& inc : buffer.includes()) {
+    if (includes == o.max_includes) break;
+    const data::ParsedFile* best = nullptr;
+    for (const auto& f : graph.files())
+      if (!f->head.empty() && f->path != path && data::include_names(f->path, inc) &&
+          (!best || f->path.size() < best->path.size()))
+        best = f.get();
+    if (!best || in_window(best->head)) continue;
+    ranked.push_back(
+        {{best->path, with_newline(line_range(best->head, 0, o.max_chunk_lines))}, ChunkKind::kInclude, best->path, 0});
+    ++includes;
+  }
+}
+
+// The first chunks, best first, that fit max_chunks and max_bytes.
+std::vector<ContextChunk> within_budget(std::vector<ContextChunk> ranked, const ContextOptions& o) {
+  std::vector<ContextChunk> kept;
+  size_t bytes = 0;
+  for (auto& c : ranked) {
+    if (kept.size() == o.max_chunks) break;
+    const size_t n = c.chunk.filename.size() + c.chunk.text.size();
+    if (c.chunk.text.empty() || bytes + n > o.max_bytes) continue;
+    bytes += n;
+    kept.push_back(std::move(c));
+  }
+  return kept;
+}
+
 }  // namespace
 
 const char* chunk_kind_name(ChunkKind kind) {
@@ -40,6 +74,7 @@ const char* chunk_kind_name(ChunkKind kind) {
     case ChunkKind::kCaller: return "caller";
     case ChunkKind::kClass: return "class";
     case ChunkKind::kCallee: return "callee";
+    case ChunkKind::kFile: return "file";
   }
   return "?";
 }
@@ -116,35 +151,43 @@ CursorContext context_at(const data::LinkedGraph& graph, const std::string& path
     }
   }
   // Included headers of the workspace: their first lines after the license.
-  size_t includes = 0;
-  for (const std::string& inc : buffer.includes()) {
-    if (includes == o.max_includes) break;
-    const data::ParsedFile* best = nullptr;
-    for (const auto& f : graph.files())
-      if (!f->head.empty() && f->path != path && data::include_names(f->path, inc) &&
-          (!best || f->path.size() < best->path.size()))
-        best = f.get();
-    if (!best || in_window(best->head)) continue;
-    ranked.push_back({{best->path, cut(best->head)}, ChunkKind::kInclude, best->path, 0});
-    ++includes;
-  }
+  add_include_outlines(graph, buffer, path, in_window, o, ranked);
 
   // The budget, best first; then oldest first for the prompt: by kind from include up to callee, and within a kind
   // the best last.
-  std::vector<ContextChunk> kept;
-  size_t bytes = 0;
-  for (auto& c : ranked) {
-    if (kept.size() == o.max_chunks) break;
-    const size_t n = c.chunk.filename.size() + c.chunk.text.size();
-    if (c.chunk.text.empty() || bytes + n > o.max_bytes) continue;
-    bytes += n;
-    kept.push_back(std::move(c));
-  }
+  std::vector<ContextChunk> kept = within_budget(std::move(ranked), o);
   std::reverse(kept.begin(), kept.end());
   std::stable_sort(kept.begin(), kept.end(),
                    [](const ContextChunk& a, const ContextChunk& b) { return a.kind < b.kind; });
   out.chunks = std::move(kept);
   return out;
+}
+
+std::vector<ContextChunk> file_context(const data::LinkedGraph& graph, const std::string& path, const std::string& text,
+                                       const ContextOptions& o) {
+  data::CppFileParser parser;
+  const data::ParsedFile buffer = parser.parse(path, text);
+  const auto& g = graph.graph();
+  // The file itself, its first 4 x max_chunk_lines lines: what the question is about gets the most room.
+  std::string head = with_newline(line_range(text, 0, 4 * o.max_chunk_lines));
+  if (head.size() > o.max_bytes / 2) head = head.substr(0, head.rfind('\n', o.max_bytes / 2) + 1);  // whole lines
+  std::vector<ContextChunk> ranked = {{{path, head}, ChunkKind::kFile, path, 1}};
+  auto in_file = [&](const std::string& t) { return !t.empty() && text.find(t) != std::string::npos; };
+  // The definitions its functions call elsewhere, each once, in the order of the file's calls.
+  std::vector<uint32_t> seen;
+  for (size_t fn = 0; fn < buffer.functions().size(); ++fn)
+    for (const auto& call : graph.resolve_calls(buffer, fn)) {
+      const data::FunctionInfo& f = g.functions[call.function];
+      if (f.file == path || std::find(seen.begin(), seen.end(), call.function) != seen.end() || in_file(f.text))
+        continue;
+      seen.push_back(call.function);
+      ranked.push_back({{f.file, with_newline(line_range(f.text, 0, o.max_chunk_lines))},
+                        ChunkKind::kCallee,
+                        f.qualified(),
+                        f.line});
+    }
+  add_include_outlines(graph, buffer, path, in_file, o, ranked);
+  return within_budget(std::move(ranked), o);
 }
 
 std::vector<text::InfillChunk> merge_chunks(const std::vector<text::InfillChunk>& client,

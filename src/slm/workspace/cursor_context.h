@@ -31,8 +31,8 @@ struct ContextOptions {
   size_t max_includes = 2;
 };
 
-enum class ChunkKind { kInclude, kCaller, kClass, kCallee };
-const char* chunk_kind_name(ChunkKind kind);  // "include", "caller", "class", "callee"
+enum class ChunkKind { kInclude, kCaller, kClass, kCallee, kFile };
+const char* chunk_kind_name(ChunkKind kind);  // "include", "caller", "class", "callee", "file"
 
 struct ContextChunk {
   text::InfillChunk chunk;  // filename: the path relative to the workspace
@@ -50,6 +50,12 @@ struct CursorContext {
 // the file's path relative to the workspace.
 CursorContext context_at(const data::LinkedGraph& graph, const std::string& path, const std::string& before,
                          const std::string& after, const ContextOptions& options = {});
+
+// A whole file named in a chat message (`@path`, or the request's `files`): the file (its first 4 x max_chunk_lines
+// lines), then the definitions its functions call in other files of the workspace, in the order of its calls, then
+// the outlines of the workspace headers it includes; best first, within max_chunks and max_bytes.
+std::vector<ContextChunk> file_context(const data::LinkedGraph& graph, const std::string& path, const std::string& text,
+                                       const ContextOptions& options = {});
 
 // The client's chunks (input_extra, oldest first) followed by ours, without repeats: a client chunk equal to an
 // earlier one and a chunk of ours whose text a client chunk already holds are left out, counted in *duplicates;

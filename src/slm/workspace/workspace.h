@@ -52,6 +52,7 @@ class Workspace {
   Workspace& operator=(const Workspace&) = delete;
 
   const std::string& root() const { return root_; }  // canonical, without a trailing '/'
+  const WorkspaceLimits& limits() const { return limits_; }
   // Scans the tree once: parses new and changed files, forgets removed ones, and links a new graph when anything
   // changed; returns the number of files parsed or forgotten. Logs each newly skipped file with why.
   size_t refresh();
