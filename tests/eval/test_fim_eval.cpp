@@ -186,11 +186,11 @@ TEST(FimContext, NeighboursAreOtherFilesOfThePackageAndGraphIsTheServersContext)
   EXPECT_EQ(n[2].filename, "src/t.cpp");
   EXPECT_TRUE(source.chunks(c, FimContext::kNone).empty());
   const auto g = source.chunks(c, FimContext::kGraph);
-  ASSERT_EQ(g.size(), 2u);  // oldest first: the caller, then the callee
+  ASSERT_EQ(g.size(), 2u);  // oldest first: the caller, then the callee, each cut to chunk_lines (2) lines
   EXPECT_EQ(g[0].filename, "src/t.cpp");
-  EXPECT_EQ(g[0].text, "int top() {\n  return user(2);\n}\n");
+  EXPECT_EQ(g[0].text, "int top() {\n  return user(2);\n");
   EXPECT_EQ(g[1].filename, "src/h.cpp");
-  EXPECT_EQ(g[1].text, "int helper(int x) {\n  return x * 2;\n}\n");
+  EXPECT_EQ(g[1].text, "int helper(int x) {\n  return x * 2;\n");
   c.prefix = text + "\n";  // past every definition
   c.prompt = c.suffix = "";
   EXPECT_TRUE(source.chunks(c, FimContext::kGraph).empty());
