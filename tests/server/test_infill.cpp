@@ -790,6 +790,17 @@ TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(Json::parse(r->body)["slm_context"]["chunks"].size(), 2u);
+  // No filename, as llama.vim sends: the only workspace's graph, the buffer's path unknown.
+  Json unnamed = request;
+  unnamed.erase("filename");
+  r = c.Post("/infill", unnamed.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json u = Json::parse(r->body)["slm_context"];
+  EXPECT_EQ(u["file"], "");
+  EXPECT_EQ(u["function"], "level");
+  ASSERT_EQ(u["chunks"].size(), 2u) << u.dump();
+  EXPECT_EQ(u["chunks"][1]["name"], "clamp");
   Json elsewhere = request;
   elsewhere["filename"] = "/tmp/elsewhere/main.cpp";
   r = c.Post("/infill", elsewhere.dump(), "application/json");

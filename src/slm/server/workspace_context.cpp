@@ -63,8 +63,13 @@ AddedContext add_workspace_context(const Workspaces& workspaces, const std::stri
     rel = ws->relative(request.filename, &why);
     if (rel.empty()) throw ApiError(400, "filename: " + why, "filename");
   } else {
-    if (workspaces.empty() || request.filename.empty()) return out;
-    if (request.filename[0] == '/') {
+    if (workspaces.empty()) return out;
+    if (request.filename.empty()) {
+      // llama.vim and llama.vscode name no current file: with one workspace the buffer counts as a file of it whose
+      // path is unknown (its own functions are known from the window; the graph gives the rest).
+      if (workspaces.size() != 1) return out;
+      ws = workspaces[0];
+    } else if (request.filename[0] == '/') {
       for (auto* w : workspaces)
         if (!ws && !(rel = w->relative(request.filename)).empty()) ws = w;
     } else if (workspaces.size() == 1) {
@@ -77,7 +82,7 @@ AddedContext add_workspace_context(const Workspaces& workspaces, const std::stri
         if (!r.empty() && is_regular_file(w->root() + "/" + r)) ws = w, rel = r;
       }
     }
-    if (!ws || rel.empty()) return out;
+    if (!ws || (rel.empty() && !request.filename.empty())) return out;
   }
 
   out.debug = {{"workspace", ws->root()}, {"file", rel}};
@@ -88,7 +93,7 @@ AddedContext add_workspace_context(const Workspaces& workspaces, const std::stri
     out.log = " context: workspace " + ws->root() + " not indexed yet";
     return out;
   }
-  if (!graph_holds(*graph, rel)) ws->poke();  // a new file, or one the index has not reached: look again now
+  if (!rel.empty() && !graph_holds(*graph, rel)) ws->poke();  // a new file, or one not reached yet: look again now
   const workspace::CursorContext ctx =
       workspace::context_at(*graph, rel, request.prefix + request.prompt, request.suffix, options);
   size_t duplicates = 0;
@@ -111,8 +116,9 @@ AddedContext add_workspace_context(const Workspaces& workspaces, const std::stri
   out.debug["chunks"] = chunks;
   out.debug["client_chunks"] = client;
   out.debug["duplicates"] = duplicates;
-  out.log = " context: " + rel + (ctx.function.empty() ? " (no function at the cursor)" : " in " + ctx.function) +
-            ": " + std::to_string(chunks.size()) + " chunk(s) added" + (names.empty() ? "" : " (" + names + ")") +
+  out.log = " context: " + (rel.empty() ? "the unnamed buffer" : rel) +
+            (ctx.function.empty() ? " (no function at the cursor)" : " in " + ctx.function) + ": " +
+            std::to_string(chunks.size()) + " chunk(s) added" + (names.empty() ? "" : " (" + names + ")") +
             (duplicates ? ", " + std::to_string(duplicates) + " repeat(s) left out" : "");
   return out;
 }

@@ -23,8 +23,9 @@ struct AddedContext {
 
 // The workspace of a request: the one whose root `workspace` names (as given to --workspace or its real path), else
 // the one an absolute `filename` lies under, else (a relative filename) the only one, or the first of several that
-// holds a file of that path. Then the chunks workspace::context_at finds for the cursor (prefix + prompt | suffix)
-// are appended to request.extra after the client's chunks, repeats left out.
+// holds a file of that path; a request with no filename (llama.vim and llama.vscode send none) gets the only
+// workspace's graph with the buffer's path unknown (its "file" is ""). Then the chunks workspace::context_at finds for
+// the cursor (prefix + prompt | suffix) are appended to request.extra after the client's chunks, repeats left out.
 //
 // ApiError 400 naming the field: `workspace` when the server reads none or none with that root; `filename` when it is
 // missing or leaves the workspace that `workspace` named. A request without `workspace` whose file lies in no
