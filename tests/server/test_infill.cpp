@@ -713,23 +713,38 @@ std::string plant_math_workspace(const std::string& tag) {
   return dir;
 }
 
-TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
-  const std::string dir = plant_math_workspace("infill-workspace");
-  const std::string& clamp_def = kClampDef;
-  workspace::Workspace ws(dir);
-  ASSERT_EQ(ws.refresh(), 3u);
+// slm serve over the suite's specialists with one planted workspace, indexed before it starts; its log lines kept.
+struct WorkspaceServer {
+  WorkspaceServer(Specialists& specialists, const std::string& tag) : dir(plant_math_workspace(tag)), ws(dir) {
+    ws.refresh();
+    ServerOptions so;
+    so.port = 0;
+    so.threads = 4;
+    so.workspaces = {&ws};
+    so.log = [this](const std::string& l) {
+      std::lock_guard lock(mu);
+      lines.push_back(l);
+    };
+    srv = std::make_unique<Server>(specialists, so);
+    port = srv->start();
+  }
+  std::string last_line() {
+    std::lock_guard lock(mu);
+    return lines.empty() ? "" : lines.back();
+  }
+  std::string dir;
+  workspace::Workspace ws;
   std::mutex mu;
   std::vector<std::string> lines;
-  ServerOptions so;
-  so.port = 0;
-  so.threads = 4;
-  so.workspaces = {&ws};
-  so.log = [&](const std::string& l) {
-    std::lock_guard lock(mu);
-    lines.push_back(l);
-  };
-  Server srv(*specialists_, so);
-  httplib::Client c("127.0.0.1", srv.start());
+  std::unique_ptr<Server> srv;  // declared last: stopped before what it reads goes
+  int port = 0;
+};
+
+TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
+  const std::string& clamp_def = kClampDef;
+  WorkspaceServer w(*specialists_, "infill-workspace");
+  ASSERT_EQ(w.ws.status().files, 3u);
+  httplib::Client c("127.0.0.1", w.port);
   c.set_read_timeout(120);
   script(spell("x"));
   const Json request = {{"model", "scripted"},
@@ -744,7 +759,7 @@ TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
   ASSERT_EQ(r->status, 200) << r->body;
   const Json j = Json::parse(r->body);
   const Json& ctx = j["slm_context"];
-  EXPECT_EQ(ctx["workspace"], ws.root());
+  EXPECT_EQ(ctx["workspace"], w.ws.root());
   EXPECT_EQ(ctx["file"], "app/main.cpp");
   EXPECT_EQ(ctx["ready"], true);
   EXPECT_EQ(ctx["function"], "level");
@@ -763,13 +778,9 @@ TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
   ASSERT_NE(def_at, std::string::npos) << prompt;
   EXPECT_LT(client_at, def_at);
   EXPECT_NE(cursor_at, std::string::npos);
-  {
-    std::lock_guard lock(mu);
-    ASSERT_FALSE(lines.empty());
-    EXPECT_NE(lines.back().find(" context: app/main.cpp in level: 2 chunk(s) added (include lib/math.h, callee clamp)"),
-              std::string::npos)
-        << lines.back();
-  }
+  EXPECT_NE(w.last_line().find(" context: app/main.cpp in level: 2 chunk(s) added (include lib/math.h, callee clamp)"),
+            std::string::npos)
+      << w.last_line();
 
   // The editor already sent clamp's file: our chunk is a repeat and stays out.
   Json again = request;
@@ -784,8 +795,8 @@ TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
 
   // The workspace named by its root, the file absolute under it: the same context. A file elsewhere gets none.
   Json named = request;
-  named["workspace"] = dir;
-  named["filename"] = ws.root() + "/app/main.cpp";
+  named["workspace"] = w.dir;
+  named["filename"] = w.ws.root() + "/app/main.cpp";
   r = c.Post("/infill", named.dump(), "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200) << r->body;
@@ -830,32 +841,19 @@ TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
   // /metrics: the workspace's index, its three files.
   r = c.Get("/metrics");
   ASSERT_TRUE(r);
-  const std::string label = "{workspace=\"" + ws.root() + "\"} ";
+  const std::string label = "{workspace=\"" + w.ws.root() + "\"} ";
   EXPECT_NE(r->body.find("slm_workspace_ready" + label + "1\n"), std::string::npos) << r->body;
   EXPECT_NE(r->body.find("slm_workspace_files" + label + "3\n"), std::string::npos) << r->body;
   EXPECT_NE(r->body.find("slm_workspace_functions" + label + "2\n"), std::string::npos) << r->body;
-  srv.stop();
 }
 
 // A chat message naming a file of the workspace (`@app/main.cpp`, or the request's `files`) gets the file, the
 // definitions it calls elsewhere and its headers' outlines before the question; a path out of the workspace, or any
 // file on a server without one, is a 400 naming the field.
 TEST_F(Infill, ChatMessagesNamingWorkspaceFilesGetTheirGraph) {
-  const std::string dir = plant_math_workspace("chat-workspace");
-  workspace::Workspace ws(dir);
-  ASSERT_EQ(ws.refresh(), 3u);
-  std::mutex mu;
-  std::vector<std::string> lines;
-  ServerOptions so;
-  so.port = 0;
-  so.threads = 4;
-  so.workspaces = {&ws};
-  so.log = [&](const std::string& l) {
-    std::lock_guard lock(mu);
-    lines.push_back(l);
-  };
-  Server srv(*specialists_, so);
-  httplib::Client c("127.0.0.1", srv.start());
+  WorkspaceServer w(*specialists_, "chat-workspace");
+  ASSERT_EQ(w.ws.status().files, 3u);
+  httplib::Client c("127.0.0.1", w.port);
   c.set_read_timeout(120);
   ScriptedEngine& engine = script(spell("x"));
   const std::string question = "What does @app/main.cpp return?";
@@ -874,13 +872,9 @@ TEST_F(Infill, ChatMessagesNamingWorkspaceFilesGetTheirGraph) {
   ASSERT_NE(question_at, std::string::npos) << prompt;
   EXPECT_LT(file_at, def_at);
   EXPECT_LT(def_at, question_at);
-  {
-    std::lock_guard lock(mu);
-    ASSERT_FALSE(lines.empty());
-    EXPECT_NE(lines.back().find(" context: 3 of 3 chunk(s) (file app/main.cpp, callee clamp, include lib/math.h)"),
-              std::string::npos)
-        << lines.back();
-  }
+  EXPECT_NE(w.last_line().find(" context: 3 of 3 chunk(s) (file app/main.cpp, callee clamp, include lib/math.h)"),
+            std::string::npos)
+      << w.last_line();
   // The same through `files`, with a question that names nothing; an @word that is no file stays text.
   request["messages"][0]["content"] = "Explain this to @everyone.";
   request["files"] = {"lib/math.cpp"};
@@ -908,7 +902,6 @@ TEST_F(Infill, ChatMessagesNamingWorkspaceFilesGetTheirGraph) {
   refused(c, out, "no such file");
   httplib::Client plain("127.0.0.1", port_);
   refused(plain, request, "reads no workspace");
-  srv.stop();
 }
 
 }  // namespace
