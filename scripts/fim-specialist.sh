@@ -4,10 +4,28 @@
 #   bash scripts/fim-specialist.sh data      # here: fetch, corpus, held-out files, shards, pack (about 12 min)
 #   bash scripts/fim-specialist.sh train     # GPU machine: 230M tokens from the generalist (7.2 min on one H200)
 #   bash scripts/fim-specialist.sh eval      # GPU machine: slm eval fim of it, the shipped models and the baselines
+#   bash scripts/fim-specialist.sh context   # GPU machine: issue 45's context modes with an editor's window
 set -euo pipefail
 cd "$(dirname "$0")/.."
 W=${W:-out/fim}
 SLM=${SLM:-build/slm}
+# A manifest of the FIM model next to the shipped cpp specialist and generalist.
+manifest() {
+  mkdir -p $W/models/cpp-fim && cp $W/cpp-fim.safetensors $W/models/cpp-fim/model.safetensors
+  python3 - "$W" <<'PY'
+import hashlib, json, os, sys
+w = sys.argv[1]
+models = {"cpp-fim": f"{w}/models/cpp-fim/model.safetensors", "cpp": "models/cpp/model.safetensors",
+          "generalist": "models/generalist/model.safetensors"}
+base = f"{w}/models"
+spec = [{"name": n, "domain": n, "recipe": os.path.relpath("recipes/specialist-shipped.json", base),
+         "checkpoint": os.path.relpath(p, base), "sha256": hashlib.sha256(open(p, "rb").read()).hexdigest(),
+         "tokenizer": os.path.relpath("tokenizer/slm-code-8k.model", base), "routes": [r]}
+        for (n, p), r in zip(models.items(), ("cpp", "algorithm", "review"))]
+json.dump({"name": "fim-eval", "description": "issue 44's FIM evaluation", "specialists": spec},
+          open(f"{base}/ensemble.json", "w"), indent=1)
+PY
+}
 case ${1:-} in
 data)
   $SLM data fetch --cache $W/debian --packages recipes/data/fim-packages.txt --rate-mb 0
@@ -49,21 +67,7 @@ train)
     --out $W/cpp-fim.safetensors --quantize-head --quantize-embedding
   ;;
 eval)
-  # A manifest of the FIM model next to the shipped cpp specialist and generalist.
-  mkdir -p $W/models/cpp-fim && cp $W/cpp-fim.safetensors $W/models/cpp-fim/model.safetensors
-  python3 - "$W" <<'PY'
-import hashlib, json, os, sys
-w = sys.argv[1]
-models = {"cpp-fim": f"{w}/models/cpp-fim/model.safetensors", "cpp": "models/cpp/model.safetensors",
-          "generalist": "models/generalist/model.safetensors"}
-base = f"{w}/models"
-spec = [{"name": n, "domain": n, "recipe": os.path.relpath("recipes/specialist-shipped.json", base),
-         "checkpoint": os.path.relpath(p, base), "sha256": hashlib.sha256(open(p, "rb").read()).hexdigest(),
-         "tokenizer": os.path.relpath("tokenizer/slm-code-8k.model", base), "routes": [r]}
-        for (n, p), r in zip(models.items(), ("cpp", "algorithm", "review"))]
-json.dump({"name": "fim-eval", "description": "issue 44's FIM evaluation", "specialists": spec},
-          open(f"{base}/ensemble.json", "w"), indent=1)
-PY
+  manifest
   HELD=$(ls -d $W/debian/src/capnproto_*/c++/src)
   $SLM eval fim --corpus $W/eval --ensemble $W/models/ensemble.json --specialist cpp-fim,cpp,generalist --cases 300 \
     --body-cases 40 --context none --device cuda --jobs 16 -I "$HELD" --out $W/eval-quality
@@ -78,5 +82,14 @@ PY
     --server http://127.0.0.1:8011 --latency-files 40 --out $W/eval-latency
   kill $server
   ;;
-*) sed -n 2,6p "$0"; exit 2 ;;
+context)
+  # Issue 45: no extra context, llama.vim's neighbour chunks and the context graph at the cursor, each prompt cut to
+  # the window an editor sends (1,500 characters of whole lines before the cursor, 16 lines after it), so that the
+  # 1,024-token context leaves the chunks room.
+  manifest
+  $SLM eval fim --corpus $W/eval --ensemble $W/models/ensemble.json --specialist cpp-fim,cpp --no-random --cases 400 \
+    --body-cases 0 --context none,neighbours,graph --window-prefix-chars 1500 --window-suffix-lines 16 \
+    --device ${DEVICE:-cuda} --out $W/eval-graph
+  ;;
+*) sed -n 2,7p "$0"; exit 2 ;;
 esac

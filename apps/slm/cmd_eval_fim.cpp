@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "slm/eval/context_adherence.h"
 #include "slm/eval/fim_eval.h"
 #include "slm/eval/sandbox.h"
 #include "slm/io/run_dir.h"
@@ -111,6 +112,9 @@ void run_fim_cli(FimCli& c) {
     c.run.judge = judge.get();
   }
   if (cases.empty()) throw Error("no case: the held-out files have no code line or function body to complete");
+  // An identifier of the standard library is no invention (the compiler's <bits/stdc++.h>, preprocessed once).
+  eval::KnownIdentifiers known(c.compile.compiler, c.compile.standard, {});
+  c.run.standard_identifiers = &known.standard_library();
   if (!c.out.empty()) {
     make_dirs(c.out);
     c.run.results_path = c.out + "/predictions.jsonl";

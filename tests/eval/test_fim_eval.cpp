@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "eval_test_util.h"
 #include "slm/eval/fim_eval.h"
@@ -194,6 +195,52 @@ TEST(FimContext, NeighboursAreOtherFilesOfThePackageAndGraphIsTheServersContext)
   c.prefix = text + "\n";  // past every definition
   c.prompt = c.suffix = "";
   EXPECT_TRUE(source.chunks(c, FimContext::kGraph).empty());
+}
+
+// Workspace use, counted on the copy-line-above baseline's predictions (no model): a line calling a function the
+// package defines counts, a name followed by "(" that the package does not define does not; identifiers that no file
+// of the package holds and the standard list lacks are invented. Hand-counted per case below.
+TEST(FimWorkspaceUse, CallsOfPackageFunctionsAndInventedIdentifiersAreCounted) {
+  const std::vector<HeldOutFile> files = {
+      {"p", "src/a.cpp", "int helper(int x) {\n  return x * 2;\n}\nint total(int n) {\n  return helper(n);\n}\n"},
+      {"p", "src/b.cpp", "int count = 0;\n"},
+      {"q", "src/c.cpp", "int unrelated(int v) {\n  return v;\n}\n"},
+  };
+  auto line_case = [](size_t file, const std::string& above, const std::string& truth) {
+    FimCase c;
+    c.file = file;
+    c.prefix = above + "\n";
+    c.prompt = "  ";
+    c.truth = truth;
+    c.name = "case";
+    return c;
+  };
+  const std::vector<FimCase> cases = {
+      // copies "int y = helper(count);": calls helper (package p); identifiers y declared, helper, count known.
+      line_case(0, "  int y = helper(count);", "return helper(y);"),
+      // copies "int y = unrelated(zz);": unrelated is package q's, so no call of p; unrelated and zz unknown to p.
+      line_case(1, "  int y = unrelated(zz);", "return y;"),
+      // copies "return max(count, 1);": max is not p's function; known only through the standard list.
+      line_case(0, "  return max(count, 1);", "return count;"),
+  };
+  const std::set<std::string> standard = {"max"};
+  FimRunOptions o;
+  o.contexts = {FimContext::kNone};
+  o.standard_identifiers = &standard;
+  const FimReport r = run_fim(files, cases, {}, o);
+  ASSERT_EQ(r.scores[0].source, "copy-line-above");
+  const FimScore& s = r.scores[0];
+  EXPECT_EQ(s.cases, 3u);
+  EXPECT_EQ(s.workspace_calls, 1u);             // the first case only
+  EXPECT_EQ(s.identifiers, 6u);                 // {helper, count}, {unrelated, zz}, {max, count}
+  EXPECT_EQ(s.invented, 2u);                    // unrelated, zz
+  EXPECT_EQ(r.line_truth_workspace_calls, 1u);  // "return helper(y);"
+  const auto j = r.json();
+  EXPECT_NEAR(j["scores"][0]["workspace_call_rate"].get<double>(), 1.0 / 3, 1e-12);
+  EXPECT_NEAR(j["scores"][0]["invented_identifier_rate"].get<double>(), 2.0 / 6, 1e-12);
+  EXPECT_EQ(j["truth_workspace_calls"]["line"], 1);
+  o.standard_identifiers = nullptr;  // max is then invented too
+  EXPECT_EQ(run_fim(files, cases, {}, o).scores[0].invented, 3u);
 }
 
 // The command on a corpus of two held-out files with a tiny random model of the 512-id code tokenizer.

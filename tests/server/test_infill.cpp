@@ -845,6 +845,40 @@ TEST_F(Infill, WorkspaceContextGraphGoesIntoThePrompt) {
   EXPECT_NE(r->body.find("slm_workspace_ready" + label + "1\n"), std::string::npos) << r->body;
   EXPECT_NE(r->body.find("slm_workspace_files" + label + "3\n"), std::string::npos) << r->body;
   EXPECT_NE(r->body.find("slm_workspace_functions" + label + "2\n"), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("slm_workspace_cmake_files" + label + "0\n"), std::string::npos) << r->body;
+}
+
+// A CMake file of the workspace gets the CMake index's context: the target its window names, from the file that
+// defines it (workspace/cmake_index.h).
+TEST_F(Infill, ACMakeFileOfTheWorkspaceGetsTheTargetsItNames) {
+  WorkspaceServer w(*specialists_, "infill-cmake");
+  test::write_file(w.dir + "/lib/CMakeLists.txt", "add_library(math math.cpp)\n");
+  w.ws.refresh();
+  ASSERT_EQ(w.ws.status().cmake_files, 1u);
+  httplib::Client c("127.0.0.1", w.port);
+  c.set_read_timeout(120);
+  script(spell("x"));
+  const Json request = {{"model", "scripted"},
+                        {"filename", "app/CMakeLists.txt"},
+                        {"input_prefix", "add_executable(app main.cpp)\n"},
+                        {"prompt", "target_link_libraries(app PRIVATE math"},
+                        {"input_suffix", ")\n"},
+                        {"n_predict", 1}};
+  auto r = c.Post("/infill", request.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const Json ctx = Json::parse(r->body)["slm_context"];
+  EXPECT_EQ(ctx["file"], "app/CMakeLists.txt");
+  ASSERT_EQ(ctx["chunks"].size(), 1u) << ctx.dump();
+  EXPECT_EQ(ctx["chunks"][0], Json({{"kind", "target"},
+                                    {"name", "math"},
+                                    {"filename", "lib/CMakeLists.txt"},
+                                    {"line", 1},
+                                    {"bytes", 27}}));  // "add_library(math math.cpp)\n"
+  EXPECT_NE(
+      w.last_line().find(" context: app/CMakeLists.txt (no function at the cursor): 1 chunk(s) added (target math)"),
+      std::string::npos)
+      << w.last_line();
 }
 
 // A chat message naming a file of the workspace (`@app/main.cpp`, or the request's `files`) gets the file, the

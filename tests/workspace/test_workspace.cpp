@@ -113,6 +113,31 @@ TEST(WorkspaceContext, ChoosesTheCalleesClassCallersAndHeadersOfTheFunctionAtThe
   }
 }
 
+// The lookups a request makes on the linked graph, against the planted files: a file by path, its functions in
+// file order, and the header an #include names (the shortest path when several do, never the includer itself).
+TEST(WorkspaceContext, TheGraphFindsFilesTheirFunctionsAndIncludedHeaders) {
+  Planted p = plant("lookup");
+  write_file(p.dir + "/vendor/geo/shapes.h", "#pragma once\nint vendored();\n");
+  Workspace ws(p.dir);
+  ws.refresh();
+  const auto g = ws.graph();
+  ASSERT_TRUE(g);
+  ASSERT_NE(g->file("geo/shapes.cpp"), nullptr);
+  EXPECT_EQ(g->file("geo/shapes.cpp")->path, "geo/shapes.cpp");
+  EXPECT_EQ(g->file("shapes.cpp"), nullptr);
+  EXPECT_EQ(g->file("app/missing.cpp"), nullptr);
+  std::vector<std::string> names;
+  for (uint32_t i : g->functions_of("geo/shapes.cpp")) names.push_back(g->graph().functions[i].qualified());
+  EXPECT_EQ(names, (std::vector<std::string>{"geo::Circle::area", "geo::scale", "geo::unused_helper"}));
+  EXPECT_TRUE(g->functions_of("app/none.cpp").empty());
+  // "geo/shapes.h" names both geo/shapes.h and vendor/geo/shapes.h: the shorter path wins.
+  ASSERT_NE(g->header_for("geo/shapes.h", "app/main.cpp"), nullptr);
+  EXPECT_EQ(g->header_for("geo/shapes.h", "app/main.cpp")->path, "geo/shapes.h");
+  EXPECT_EQ(g->header_for("shapes.h", "geo/shapes.h")->path, "vendor/geo/shapes.h");  // not the includer itself
+  EXPECT_EQ(g->header_for("other/shapes.h", ""), nullptr);
+  EXPECT_EQ(g->header_for("cstdio", ""), nullptr);
+}
+
 TEST(WorkspaceContext, AMethodGetsItsClassAndItsCallersCallSites) {
   Planted p = plant("method");
   Workspace ws(p.dir);

@@ -1049,6 +1049,9 @@ struct LinkedGraph::Impl {
   std::unordered_map<std::string, ClassInfo> classes;
   std::unordered_map<std::string, const ClassDef*> class_defs;
   std::unique_ptr<Resolver> resolver;
+  // Lookups an editor's request makes: a file by path with its functions' index range, headers by file name.
+  std::unordered_map<std::string, std::pair<const ParsedFile*, std::pair<uint32_t, uint32_t>>> by_path;
+  std::unordered_multimap<std::string, const ParsedFile*> headers_by_name;
 
   // Several definitions fit a call (same-arity overloads, one name in many classes): prefer the caller's own file,
   // then the files it includes; past kMaxTargets the call is ambiguous and gets no edge, so that e.g. Boost.Graph's
@@ -1092,10 +1095,13 @@ LinkedGraph::LinkedGraph(std::vector<std::shared_ptr<const ParsedFile>> files) :
     ++g.files;
     g.bytes += f->bytes;
     if (f->has_errors) ++g.files_with_errors;
+    const auto first = static_cast<uint32_t>(g.functions.size());
     for (const auto& fn : f->facts->functions) {
       g.functions.push_back(fn);
       m.file_of.push_back(f.get());
     }
+    m.by_path.try_emplace(f->path, f.get(), std::pair{first, static_cast<uint32_t>(g.functions.size())});
+    if (!f->head.empty()) m.headers_by_name.emplace(fs::path(f->path).filename().string(), f.get());
     // A class seen in several files (a header parsed once per includer is not: headers are files of their own)
     // keeps the union of what each file says.
     for (const auto& [name, ci] : f->facts->classes) {
@@ -1154,6 +1160,31 @@ const std::vector<std::shared_ptr<const ParsedFile>>& LinkedGraph::files() const
 const ClassDef* LinkedGraph::find_class(const std::string& qualified) const {
   auto it = impl_->class_defs.find(qualified);
   return it == impl_->class_defs.end() ? nullptr : it->second;
+}
+
+const ParsedFile* LinkedGraph::file(const std::string& path) const {
+  auto it = impl_->by_path.find(path);
+  return it == impl_->by_path.end() ? nullptr : it->second.first;
+}
+
+std::vector<uint32_t> LinkedGraph::functions_of(const std::string& path) const {
+  std::vector<uint32_t> out;
+  if (auto it = impl_->by_path.find(path); it != impl_->by_path.end())
+    for (uint32_t i = it->second.second.first; i < it->second.second.second; ++i) out.push_back(i);
+  return out;
+}
+
+const ParsedFile* LinkedGraph::header_for(const std::string& include, const std::string& except) const {
+  const ParsedFile* best = nullptr;
+  // Every file an include names ends in the include's last component.
+  auto [a, b] = impl_->headers_by_name.equal_range(fs::path(include).filename().string());
+  for (auto it = a; it != b; ++it) {
+    const ParsedFile* f = it->second;
+    if (f->path != except && include_names(f->path, include) &&
+        (!best || f->path.size() < best->path.size() || (f->path.size() == best->path.size() && f->path < best->path)))
+      best = f;
+  }
+  return best;
 }
 
 std::vector<ResolvedCall> LinkedGraph::resolve_calls(const ParsedFile& buffer, size_t fn) const {

@@ -120,6 +120,12 @@ class LinkedGraph {
   CallGraph release();  // the graph, moved out (the object is then only to be destroyed)
   const std::vector<std::shared_ptr<const ParsedFile>>& files() const;
   const ClassDef* find_class(const std::string& qualified) const;  // the first definition, in file order
+  const ParsedFile* file(const std::string& path) const;           // null when the graph holds no such file
+  // The graph's functions (indices) defined in the file of this path, in file order.
+  std::vector<uint32_t> functions_of(const std::string& path) const;
+  // The header of the graph that `#include "include"` names (include_names), the shortest path when several do,
+  // leaving out `except` (the includer itself); null when none.
+  const ParsedFile* header_for(const std::string& include, const std::string& except) const;
   // The graph's functions that function `fn` of `buffer` calls, each once with the line of its first call, in the
   // order of their first calls, resolved as if the buffer replaced the graph's file of its path.
   std::vector<ResolvedCall> resolve_calls(const ParsedFile& buffer, size_t fn) const;

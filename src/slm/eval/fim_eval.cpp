@@ -11,6 +11,7 @@
 #include "slm/data/callgraph.h"
 #include "slm/data/hashing.h"
 #include "slm/engine/generation.h"
+#include "slm/eval/context_adherence.h"
 #include "slm/eval/stop.h"
 #include "slm/text/text_generation.h"
 #include "slm/util/edit_distance.h"
@@ -275,24 +276,29 @@ std::vector<text::InfillChunk> FimContextSource::chunks(const FimCase& c, FimCon
       out.push_back({f->path, f->text.substr(0, end)});
     }
   } else if (mode == FimContext::kGraph) {
-    auto& g = graphs_[current.package];
-    if (!g) {
-      data::CppFileParser parser;
-      std::vector<std::shared_ptr<const data::ParsedFile>> parsed;
-      for (const auto& f : files_)
-        if (f.package == current.package && data::is_cpp_source_name(f.path))
-          parsed.push_back(std::make_shared<const data::ParsedFile>(parser.parse(graph_path(f.path), f.text)));
-      g = std::make_unique<data::LinkedGraph>(std::move(parsed));
-    }
+    const data::LinkedGraph& g = graph(current.package);
     // What slm serve --workspace gives the same cursor: the window without the text to predict is parsed on its own,
     // so the calls that text makes cannot choose the chunks.
     workspace::ContextOptions o;
     o.max_chunks = options_.max_chunks;
     o.max_chunk_lines = options_.chunk_lines;
-    for (auto& k : workspace::context_at(*g, graph_path(current.path), c.prefix + c.prompt, c.suffix, o).chunks)
+    for (auto& k : workspace::context_at(g, graph_path(current.path), c.prefix + c.prompt, c.suffix, o).chunks)
       out.push_back(std::move(k.chunk));
   }
   return out;
+}
+
+const data::LinkedGraph& FimContextSource::graph(const std::string& package) {
+  auto& g = graphs_[package];
+  if (!g) {
+    data::CppFileParser parser;
+    std::vector<std::shared_ptr<const data::ParsedFile>> parsed;
+    for (const auto& f : files_)
+      if (f.package == package && data::is_cpp_source_name(f.path))
+        parsed.push_back(std::make_shared<const data::ParsedFile>(parser.parse(graph_path(f.path), f.text)));
+    g = std::make_unique<data::LinkedGraph>(std::move(parsed));
+  }
+  return *g;
 }
 
 FimGeneration fim_generate(const FimModel& m, const text::InfillRequest& request, const FimCase& c,
@@ -350,14 +356,32 @@ struct Prediction {
   bool exact = false;
   double similarity = 0;
   std::optional<bool> compiled;
+  bool workspace_call = false;
+  std::vector<std::string> invented;
 };
 
-void add(FimScore& s, Prediction& p, const FimCase& c) {
+// What the context-adherence rules (context_adherence.h score_adherence) say of a text against one package: the
+// names of its functions, and every identifier its files hold.
+struct PackageNames {
+  std::vector<std::string> functions;
+  std::set<std::string> identifiers;
+};
+
+void add(FimScore& s, Prediction& p, const FimCase& c, const PackageNames& names,
+         const std::set<std::string>* standard) {
   p.exact = first_line_match(p.text, c.truth);
   p.similarity = edit_similarity(p.text, c.truth);
   ++s.cases;
   s.exact += p.exact;
   s.similarity += p.similarity;
+  const auto a = score_adherence(p.text, names.functions, [&](const std::string& w) {
+    return names.identifiers.count(w) > 0 || (standard && standard->count(w) > 0);
+  });
+  p.workspace_call = a.calls_callee;
+  p.invented = a.unknown;
+  s.workspace_calls += a.calls_callee;
+  s.identifiers += a.identifiers.size();
+  s.invented += a.unknown.size();
 }
 
 }  // namespace
@@ -393,10 +417,26 @@ FimReport run_fim(const std::vector<HeldOutFile>& files, const std::vector<FimCa
   const size_t total = cases.size() * (1 + models.size() * o.contexts.size());
   size_t done = 0;
   FimContextSource context(files, o.context);
+  std::map<std::string, PackageNames> package_names;
+  auto names_of = [&](const std::string& package) -> const PackageNames& {
+    auto [it, fresh] = package_names.try_emplace(package);
+    if (fresh) {
+      std::set<std::string> fns;
+      for (const auto& f : context.graph(package).graph().functions) fns.insert(f.name);
+      it->second.functions.assign(fns.begin(), fns.end());
+      for (const auto& f : files)
+        if (f.package == package)
+          for (auto& w : cpp_identifiers(f.text)) it->second.identifiers.insert(std::move(w));
+    }
+    return it->second;
+  };
   for (size_t ci = 0; ci < cases.size(); ++ci) {
     const auto& c = cases[ci];
+    const PackageNames& names = names_of(files.at(c.file).package);
+    if (score_adherence(c.truth, names.functions, [](const std::string&) { return true; }).calls_callee)
+      ++(c.kind == FimKind::kLine ? r.line_truth_workspace_calls : r.body_truth_workspace_calls);
     Prediction copy{score("copy-line-above", "-", c.kind), ci, copy_line_above(c.prefix)};
-    add(r.scores[copy.score], copy, c);
+    add(r.scores[copy.score], copy, c, names, o.standard_identifiers);
     predictions.push_back(std::move(copy));
     if (progress) progress(++done, total);
     const FimCase w = fim_window(c, o.window);
@@ -411,7 +451,7 @@ FimReport run_fim(const std::vector<HeldOutFile>& files, const std::vector<FimCa
         const auto g = fim_generate(m, req, c, o.generate);
         Prediction p{score(m.name, fim_context_name(mode), c.kind), ci, fim_prediction(c, g.text)};
         auto& s = r.scores[p.score];
-        add(s, p, c);
+        add(s, p, c, names, o.standard_identifiers);
         s.prompt_tokens += static_cast<double>(g.prompt_tokens);
         s.extra_kept += static_cast<double>(g.extra_kept);
         s.extra_dropped += static_cast<double>(g.extra_dropped);
@@ -448,6 +488,8 @@ FimReport run_fim(const std::vector<HeldOutFile>& files, const std::vector<FimCa
           {"case", c.name},   {"kind", fim_kind_name(c.kind)}, {"source", s.source}, {"context", s.context},
           {"truth", c.truth}, {"prediction", p.text},          {"exact", p.exact},   {"similarity", p.similarity}};
       if (p.compiled) j["compiled"] = *p.compiled;
+      j["workspace_call"] = p.workspace_call;
+      if (!p.invented.empty()) j["invented"] = p.invented;
       lines += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     }
     write_file_atomic(o.results_path, lines);
@@ -456,18 +498,23 @@ FimReport run_fim(const std::vector<HeldOutFile>& files, const std::vector<FimCa
 }
 
 nlohmann::json FimReport::json() const {
-  nlohmann::json j = {{"corpus", corpus},
-                      {"domain", domain},
-                      {"split", split},
-                      {"files", files},
-                      {"cases", {{"line", line_cases}, {"body", body_cases}, {"body_candidates", body_candidates}}},
-                      {"sources", sources},
-                      {"scores", nlohmann::json::array()}};
+  nlohmann::json j = {
+      {"corpus", corpus},
+      {"domain", domain},
+      {"split", split},
+      {"files", files},
+      {"cases", {{"line", line_cases}, {"body", body_cases}, {"body_candidates", body_candidates}}},
+      {"truth_workspace_calls", {{"line", line_truth_workspace_calls}, {"body", body_truth_workspace_calls}}},
+      {"sources", sources},
+      {"scores", nlohmann::json::array()}};
   for (const auto& s : scores) {
     const double n = s.cases ? static_cast<double>(s.cases) : 1.0;
     nlohmann::json e = {
         {"source", s.source}, {"context", s.context},           {"kind", fim_kind_name(s.kind)},
         {"cases", s.cases},   {"exact_match", s.exact_match()}, {"edit_similarity", s.mean_similarity()}};
+    e["workspace_call_rate"] = s.workspace_calls / n;
+    e["invented_identifier_rate"] =
+        s.identifiers ? static_cast<double>(s.invented) / static_cast<double>(s.identifiers) : 0.0;
     if (s.compile_judged > 0) {
       e["compiled"] = s.compiled;
       e["compile_rate"] = static_cast<double>(s.compiled) / static_cast<double>(s.compile_judged);
@@ -489,10 +536,12 @@ std::string FimReport::markdown() const {
      << files << " held-out files; " << line_cases << " single-line cases, " << body_cases << " function-body cases";
   if (body_candidates != body_cases)
     md << " (of " << body_candidates << " cut; the rest do not compile here as written)";
-  md << ".\n\n";
+  md << "; the truth calls a function of its package in " << line_truth_workspace_calls << " line and "
+     << body_truth_workspace_calls << " body cases.\n\n";
   for (const auto& s : sources) md << "- " << s << "\n";
-  md << "\n| kind | source | context | cases | exact match | edit similarity | compiles | prompt tokens | extra "
-        "chunks kept / dropped |\n|---|---|---|---:|---:|---:|---:|---:|---:|\n";
+  md << "\n| kind | source | context | cases | exact match | edit similarity | compiles | calls the workspace | "
+        "invented identifiers | prompt tokens | extra chunks kept / dropped |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
   char buf[512];
   for (const auto& s : scores) {
     if (s.cases == 0) continue;
@@ -509,13 +558,17 @@ std::string FimReport::markdown() const {
       std::snprintf(buf, sizeof buf, "%.1f / %.1f", s.extra_kept / n, s.extra_dropped / n);
       extra = buf;
     }
-    std::snprintf(buf, sizeof buf, "| %s | %s | %s | %zu | %.1f%% | %.3f | %s | %s | %s |\n", fim_kind_name(s.kind),
-                  s.source.c_str(), s.context.c_str(), s.cases, 100 * s.exact_match(), s.mean_similarity(),
-                  compiles.c_str(), prompt.c_str(), extra.c_str());
+    const double invented = s.identifiers ? 100.0 * static_cast<double>(s.invented) / s.identifiers : 0.0;
+    std::snprintf(buf, sizeof buf, "| %s | %s | %s | %zu | %.1f%% | %.3f | %s | %.1f%% | %.1f%% | %s | %s |\n",
+                  fim_kind_name(s.kind), s.source.c_str(), s.context.c_str(), s.cases, 100 * s.exact_match(),
+                  s.mean_similarity(), compiles.c_str(), 100.0 * static_cast<double>(s.workspace_calls) / n, invented,
+                  prompt.c_str(), extra.c_str());
     md << buf;
   }
   md << "\nexact match: the first line, trailing whitespace ignored; edit similarity: 1 - Levenshtein / longer "
-        "length, over code points; compiles: the file with the predicted body, g++ -fsyntax-only.\n";
+        "length, over code points; compiles: the file with the predicted body, g++ -fsyntax-only; calls the "
+        "workspace: predictions that call a function the package defines; invented identifiers: of the identifiers "
+        "the predictions use, those in no file of the package and not in the standard library.\n";
   return md.str();
 }
 

@@ -28,6 +28,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -109,6 +110,8 @@ class FimContextSource {
   FimContextSource(const std::vector<HeldOutFile>& files, FimContextOptions options);
   ~FimContextSource();
   std::vector<text::InfillChunk> chunks(const FimCase& c, FimContext mode);
+  // The linked call graph of a package's held-out files (parsed on first use).
+  const data::LinkedGraph& graph(const std::string& package);
 
  private:
   const std::vector<HeldOutFile>& files_;
@@ -153,6 +156,11 @@ struct FimScore {
   size_t compiled = 0, compile_judged = 0;
   double prompt_tokens = 0, extra_kept = 0, extra_dropped = 0;  // summed over the cases (models only)
   size_t truncated = 0;
+  // Workspace use (issue 45): predictions that call a function the package defines (name then '(', the context
+  // adherence rule of context_adherence.h), and the identifiers they use that neither the package's files nor the
+  // standard library hold (invented).
+  size_t workspace_calls = 0;
+  uint64_t identifiers = 0, invented = 0;
   double exact_match() const { return cases ? static_cast<double>(exact) / static_cast<double>(cases) : 0; }
   double mean_similarity() const { return cases ? similarity / static_cast<double>(cases) : 0; }
 };
@@ -172,6 +180,9 @@ struct FimRunOptions {
   FimContextOptions context;
   FimGenerateOptions generate;
   Judge* judge = nullptr;    // body cases are compiled with it; null: no compile check
+  // The standard library's identifiers (KnownIdentifiers::standard_library), known beside the package's own when
+  // counting invented identifiers; null: only the package's.
+  const std::set<std::string>* standard_identifiers = nullptr;
   int jobs = 1;              // compiles in parallel
   std::string results_path;  // every prediction as JSONL ("": none)
 };
@@ -179,6 +190,7 @@ struct FimRunOptions {
 struct FimReport {
   std::string corpus, domain, split;
   size_t files = 0, line_cases = 0, body_cases = 0, body_candidates = 0;  // candidates: before the compile control
+  size_t line_truth_workspace_calls = 0, body_truth_workspace_calls = 0;  // truths that call a package function
   std::vector<FimScore> scores;
   std::vector<std::string> sources;  // descriptions, one per source in score order
   nlohmann::json json() const;

@@ -187,8 +187,13 @@ std::string Metrics::render(const std::vector<EngineGauges>& engines,
   per_workspace("slm_workspace_bytes", "Bytes of the indexed files.", "gauge", [&](const WS& w) { return n(w.bytes); });
   per_workspace("slm_workspace_functions", "Function definitions in the workspace's call graph.", "gauge",
                 [&](const WS& w) { return n(w.functions); });
-  per_workspace("slm_workspace_skipped_files", "C++ files left out (too large, binary, unparsable, over a budget).",
-                "gauge", [&](const WS& w) { return n(w.skipped); });
+  per_workspace("slm_workspace_cmake_files", "CMake files of the workspace in its CMake index.", "gauge",
+                [&](const WS& w) { return n(w.cmake_files); });
+  per_workspace("slm_workspace_cmake_definitions", "Functions, macros and targets the CMake files define.", "gauge",
+                [&](const WS& w) { return n(w.cmake_definitions); });
+  per_workspace("slm_workspace_skipped_files",
+                "C++ and CMake files left out (too large, binary, unparsable, over a budget).", "gauge",
+                [&](const WS& w) { return n(w.skipped); });
   per_workspace("slm_workspace_pending_files", "C++ files waiting for the next scan (over a scan's time budget).",
                 "gauge", [&](const WS& w) { return n(w.pending); });
   per_workspace("slm_workspace_scans_total", "Scans of the workspace's tree.", "counter",

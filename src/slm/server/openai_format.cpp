@@ -60,20 +60,33 @@ GenerationPlan openai_plan(const Specialists& specialists, const std::string& bo
       const int64_t room = prep.request.max_tokens;  // the completion keeps what it had without the files
       size_t user = g.messages.size() - 1;
       while (user > 0 && g.messages[user].role != "user") --user;
-      // The most chunks (best first) whose prompt leaves that room.
-      for (size_t k = chunks.size(); k > 0; --k) {
+      // The most chunks (best first) whose prompt leaves that room: the prompt grows with the chunk count, so a
+      // binary search tokenizes the conversation about log2(chunks) times.
+      auto prompt_with = [&](size_t k) {
         auto messages = g.messages;
         messages[user].content = chat_context_block({chunks.begin(), chunks.begin() + static_cast<std::ptrdiff_t>(k)}) +
                                  messages[user].content;
-        auto ids = tmpl.chat_prompt(messages);
-        if (static_cast<int64_t>(ids.size()) + room > ctx) continue;
-        prep.request.prompt = std::move(ids);
+        return tmpl.chat_prompt(messages);
+      };
+      auto fits = [&](const std::vector<int64_t>& ids) { return static_cast<int64_t>(ids.size()) + room <= ctx; };
+      size_t lo = 0, hi = chunks.size();  // lo chunks fit (none: the request as it came)
+      std::vector<int64_t> best;
+      while (lo < hi) {
+        const size_t mid = (lo + hi + 1) / 2;
+        if (auto ids = prompt_with(mid); fits(ids)) {
+          lo = mid;
+          best = std::move(ids);
+        } else {
+          hi = mid - 1;
+        }
+      }
+      if (lo > 0) {
+        prep.request.prompt = std::move(best);
         std::string names;
-        for (size_t i = 0; i < k; ++i)
+        for (size_t i = 0; i < lo; ++i)
           names += std::string(i ? ", " : "") + workspace::chunk_kind_name(chunks[i].kind) + " " + chunks[i].name;
         plan.log_note =
-            " context: " + std::to_string(k) + " of " + std::to_string(chunks.size()) + " chunk(s) (" + names + ")";
-        break;
+            " context: " + std::to_string(lo) + " of " + std::to_string(chunks.size()) + " chunk(s) (" + names + ")";
       }
       if (plan.log_note.empty())
         plan.log_note = " context: the workspace's files did not fit the context beside the completion";

@@ -4,13 +4,13 @@
 
 #include <algorithm>
 #include <cctype>
-#include <climits>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <optional>
 
 #include "slm/server/openai.h"
+#include "slm/util/files.h"
 
 namespace slm::server {
 
@@ -18,20 +18,9 @@ namespace {
 
 using Json = nlohmann::json;
 
-std::string real_path(const std::string& p) {
-  char buf[PATH_MAX];
-  return ::realpath(p.c_str(), buf) ? std::string(buf) : p;
-}
-
 bool is_regular_file(const std::string& p) {
   struct stat st {};
   return ::lstat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-bool graph_holds(const data::LinkedGraph& g, const std::string& rel) {
-  for (const auto& f : g.files())
-    if (f->path == rel) return true;
-  return false;
 }
 
 std::string roots(const Workspaces& workspaces) {
@@ -87,15 +76,22 @@ AddedContext add_workspace_context(const Workspaces& workspaces, const std::stri
 
   out.debug = {{"workspace", ws->root()}, {"file", rel}};
   const auto graph = ws->graph();
+  const auto cmake = ws->cmake();
   out.debug["ready"] = graph != nullptr;
-  if (!graph) {
+  if (!graph || !cmake) {
     out.debug["chunks"] = Json::array();
     out.log = " context: workspace " + ws->root() + " not indexed yet";
     return out;
   }
-  if (!rel.empty() && !graph_holds(*graph, rel)) ws->poke();  // a new file, or one not reached yet: look again now
-  const workspace::CursorContext ctx =
-      workspace::context_at(*graph, rel, request.prefix + request.prompt, request.suffix, options);
+  const std::string before = request.prefix + request.prompt;
+  workspace::CursorContext ctx;
+  if (!rel.empty() && workspace::is_cmake_name(rel)) {  // a CMakeLists.txt or .cmake file: the CMake index's context
+    if (!cmake->holds(rel)) ws->poke();
+    ctx = cmake->context_at(rel, before, request.suffix, options);
+  } else {
+    if (!rel.empty() && !graph->file(rel)) ws->poke();  // a new file, or one not reached yet: look again now
+    ctx = workspace::context_at(*graph, rel, before, request.suffix, options);
+  }
   size_t duplicates = 0;
   const size_t client = request.extra.size();
   std::vector<bool> kept;

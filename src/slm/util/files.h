@@ -21,6 +21,9 @@ void make_dirs(const std::string& path);
 // make_dirs of the directory a file path names (nothing for a bare file name), so writing the file can succeed.
 void make_parent_dirs(const std::string& file_path);
 
+// The absolute path with every symlink, "." and ".." resolved (realpath(3)); "" when the path does not exist.
+std::string real_path(const std::string& path);
+
 // Whole file as a string; throws slm::Error naming the file when it cannot be read.
 std::string read_file(const std::string& path);
 

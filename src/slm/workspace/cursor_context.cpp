@@ -12,22 +12,6 @@ size_t count_lines(const std::string& s) {
   return static_cast<size_t>(std::count(s.begin(), s.end(), '\n'));
 }
 
-// Lines [first, first + n) of text (0-based), whole lines.
-std::string line_range(const std::string& text, size_t first, size_t n) {
-  size_t a = 0;
-  for (size_t i = 0; i < first && a != std::string::npos; ++i) {
-    a = text.find('\n', a);
-    if (a != std::string::npos) ++a;
-  }
-  if (a == std::string::npos || a >= text.size()) return "";
-  size_t b = a;
-  for (size_t i = 0; i < n && b < text.size(); ++i) {
-    const size_t nl = text.find('\n', b);
-    b = nl == std::string::npos ? text.size() : nl + 1;
-  }
-  return text.substr(a, b - a);
-}
-
 std::string with_newline(std::string s) {
   if (!s.empty() && s.back() != '\n') s += '\n';
   return s;
@@ -40,11 +24,7 @@ void add_include_outlines(const data::LinkedGraph& graph, const data::ParsedFile
   size_t includes = 0;
   for (const std::string& inc : buffer.includes()) {
     if (includes == o.max_includes) break;
-    const data::ParsedFile* best = nullptr;
-    for (const auto& f : graph.files())
-      if (!f->head.empty() && f->path != path && data::include_names(f->path, inc) &&
-          (!best || f->path.size() < best->path.size()))
-        best = f.get();
+    const data::ParsedFile* best = graph.header_for(inc, path);
     if (!best || in_window(best->head)) continue;
     ranked.push_back(
         {{best->path, with_newline(line_range(best->head, 0, o.max_chunk_lines))}, ChunkKind::kInclude, best->path, 0});
@@ -68,11 +48,35 @@ std::vector<ContextChunk> within_budget(std::vector<ContextChunk> ranked, const 
 
 }  // namespace
 
+std::string line_range(const std::string& text, size_t first, size_t n) {
+  size_t a = 0;
+  for (size_t i = 0; i < first && a != std::string::npos; ++i) {
+    a = text.find('\n', a);
+    if (a != std::string::npos) ++a;
+  }
+  if (a == std::string::npos || a >= text.size()) return "";
+  size_t b = a;
+  for (size_t i = 0; i < n && b < text.size(); ++i) {
+    const size_t nl = text.find('\n', b);
+    b = nl == std::string::npos ? text.size() : nl + 1;
+  }
+  return text.substr(a, b - a);
+}
+
+std::vector<ContextChunk> budget_oldest_first(std::vector<ContextChunk> ranked, const ContextOptions& o) {
+  std::vector<ContextChunk> kept = within_budget(std::move(ranked), o);
+  std::reverse(kept.begin(), kept.end());
+  std::stable_sort(kept.begin(), kept.end(),
+                   [](const ContextChunk& a, const ContextChunk& b) { return a.kind < b.kind; });
+  return kept;
+}
+
 const char* chunk_kind_name(ChunkKind kind) {
   switch (kind) {
     case ChunkKind::kInclude: return "include";
     case ChunkKind::kCaller: return "caller";
     case ChunkKind::kClass: return "class";
+    case ChunkKind::kTarget: return "target";
     case ChunkKind::kCallee: return "callee";
     case ChunkKind::kFile: return "file";
   }
@@ -121,11 +125,12 @@ CursorContext context_at(const data::LinkedGraph& graph, const std::string& path
       ranked.push_back({{cls->file, cut(cls->text)}, ChunkKind::kClass, cls->qualified, cls->line});
   // Callers, from the graph's copy of this function (the file on disk): the lines around each one's first call.
   int self = -1;
-  for (size_t i = 0; i < g.functions.size() && self < 0; ++i) {
+  for (uint32_t i : graph.functions_of(path)) {
     const auto& f = g.functions[i];
-    if (f.file == path && f.qualified() == here.qualified() && f.min_args == here.min_args &&
-        f.max_args == here.max_args)
+    if (f.qualified() == here.qualified() && f.min_args == here.min_args && f.max_args == here.max_args) {
       self = static_cast<int>(i);
+      break;
+    }
   }
   if (self >= 0) {
     size_t callers = 0;
@@ -153,13 +158,7 @@ CursorContext context_at(const data::LinkedGraph& graph, const std::string& path
   // Included headers of the workspace: their first lines after the license.
   add_include_outlines(graph, buffer, path, in_window, o, ranked);
 
-  // The budget, best first; then oldest first for the prompt: by kind from include up to callee, and within a kind
-  // the best last.
-  std::vector<ContextChunk> kept = within_budget(std::move(ranked), o);
-  std::reverse(kept.begin(), kept.end());
-  std::stable_sort(kept.begin(), kept.end(),
-                   [](const ContextChunk& a, const ContextChunk& b) { return a.kind < b.kind; });
-  out.chunks = std::move(kept);
+  out.chunks = budget_oldest_first(std::move(ranked), o);
   return out;
 }
 

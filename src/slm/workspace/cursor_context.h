@@ -31,8 +31,8 @@ struct ContextOptions {
   size_t max_includes = 2;
 };
 
-enum class ChunkKind { kInclude, kCaller, kClass, kCallee, kFile };
-const char* chunk_kind_name(ChunkKind kind);  // "include", "caller", "class", "callee", "file"
+enum class ChunkKind { kInclude, kCaller, kClass, kTarget, kCallee, kFile };
+const char* chunk_kind_name(ChunkKind kind);  // "include", "caller", "class", "target", "callee", "file"
 
 struct ContextChunk {
   text::InfillChunk chunk;  // filename: the path relative to the workspace
@@ -56,6 +56,12 @@ CursorContext context_at(const data::LinkedGraph& graph, const std::string& path
 // the outlines of the workspace headers it includes; best first, within max_chunks and max_bytes.
 std::vector<ContextChunk> file_context(const data::LinkedGraph& graph, const std::string& path, const std::string& text,
                                        const ContextOptions& options = {});
+
+// Shared with the CMake index (cmake_index.h): lines [first, first + n) of text (0-based, whole lines); the first
+// chunks of `ranked` (best first) that fit max_chunks and max_bytes, returned oldest first as the prompt wants them
+// (by kind from include up to callee, and within a kind the best last).
+std::string line_range(const std::string& text, size_t first, size_t n);
+std::vector<ContextChunk> budget_oldest_first(std::vector<ContextChunk> ranked, const ContextOptions& options);
 
 // The client's chunks (input_extra, oldest first) followed by ours, without repeats: a client chunk equal to an
 // earlier one and a chunk of ours whose text a client chunk already holds are left out, counted in *duplicates;

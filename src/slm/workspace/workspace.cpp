@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -13,6 +12,7 @@
 
 #include "slm/data/text.h"
 #include "slm/util/error.h"
+#include "slm/util/files.h"
 
 namespace slm::workspace {
 
@@ -23,7 +23,8 @@ namespace {
 struct Entry {
   int64_t mtime_ns = 0;
   uint64_t size = 0;
-  std::shared_ptr<const data::ParsedFile> parsed;
+  std::shared_ptr<const data::ParsedFile> parsed;  // a C++ file (parsed or skipped)
+  std::shared_ptr<const CMakeFile> cmake;          // a CMake file (null when skipped)
 };
 
 struct Seen {
@@ -54,6 +55,7 @@ std::shared_ptr<const data::ParsedFile> skipped(const std::string& rel, uint64_t
 struct Workspace::State {
   mutable std::mutex mu;  // guards graph and status
   std::shared_ptr<const data::LinkedGraph> graph;
+  std::shared_ptr<const CMakeIndex> cmake;
   WorkspaceStatus status;
 
   std::mutex refresh_mu;                 // one refresh at a time
@@ -69,12 +71,10 @@ Workspace::Workspace(const std::string& root, WorkspaceLimits limits, Log log)
     : limits_(limits), log_(std::move(log)), state_(std::make_unique<State>()) {
   // realpath(3), not std::filesystem::canonical: libtorch exports its own copies of some std::filesystem functions
   // (README, "Pitfalls").
-  char* real = ::realpath(root.c_str(), nullptr);
+  const std::string resolved = real_path(root);
   struct stat st {};
-  const bool dir = real && ::stat(real, &st) == 0 && S_ISDIR(st.st_mode);
-  const std::string resolved = real ? real : "";
-  std::free(real);
-  if (!dir) throw Error("--workspace: not a directory: " + root);
+  if (resolved.empty() || ::stat(resolved.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    throw Error("--workspace: not a directory: " + root);
   root_ = resolved;
   while (root_.size() > 1 && root_.back() == '/') root_.pop_back();
   state_->status.root = root_;
@@ -94,7 +94,7 @@ size_t Workspace::refresh() {
   std::lock_guard<std::mutex> one(s.refresh_mu);
   const auto t0 = std::chrono::steady_clock::now();
 
-  // The C++ files under the root, without following symlinks or entering hidden directories.
+  // The C++ and CMake files under the root, without following symlinks or entering hidden directories.
   std::vector<Seen> seen;
   std::error_code ec;
   const fs::path root(root_);
@@ -110,7 +110,7 @@ size_t Workspace::refresh() {
       continue;
     }
     const std::string rel = fs::relative(it->path(), root, ec).generic_string();
-    if (ec || !data::is_cpp_source_name(rel)) continue;
+    if (ec || !(data::is_cpp_source_name(rel) || is_cmake_name(rel))) continue;
     Seen f{rel};
     if (stat_file(it->path().string(), f.mtime_ns, f.size)) seen.push_back(std::move(f));
   }
@@ -123,19 +123,39 @@ size_t Workspace::refresh() {
   data::CppFileParser parser(o);
   std::map<std::string, Entry> next;
   size_t changed = 0;
-  uint64_t files = 0, bytes = 0, pending = 0;
+  uint64_t files = 0, bytes = 0, pending = 0;  // files and bytes kept, C++ and CMake
   for (const Seen& f : seen) {
     auto old = s.entries.find(f.rel);
     if (old != s.entries.end() && old->second.mtime_ns == f.mtime_ns && old->second.size == f.size) {
-      if (old->second.parsed->skipped.empty()) {
+      if (old->second.cmake || (old->second.parsed && old->second.parsed->skipped.empty())) {
         ++files;
         bytes += f.size;
       }
       next.emplace(f.rel, old->second);
       continue;
     }
+    if (is_cmake_name(f.rel)) {  // small files, read whole: no parse budget
+      Entry e{f.mtime_ns, f.size, nullptr, nullptr};
+      std::string why;
+      if (files >= limits_.max_files || bytes + f.size > limits_.max_bytes)
+        why = "over the workspace's limits";
+      else if (f.size > limits_.max_file_bytes)
+        why = "larger than " + std::to_string(limits_.max_file_bytes) + " bytes";
+      else
+        try {
+          e.cmake = std::make_shared<CMakeFile>(parse_cmake_file(f.rel, data::read_file_bytes(root_ + "/" + f.rel)));
+          ++files;
+          bytes += f.size;
+        } catch (const Error&) {
+          why = "cannot read";
+        }
+      if (!why.empty() && log_) log_("workspace " + root_ + ": " + f.rel + ": skipped: " + why);
+      next.emplace(f.rel, std::move(e));
+      ++changed;
+      continue;
+    }
     const double spent = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    Entry e{f.mtime_ns, f.size, nullptr};
+    Entry e{f.mtime_ns, f.size, nullptr, nullptr};
     if (files >= limits_.max_files) {
       e.parsed =
           skipped(f.rel, f.size, "over the workspace's limit of " + std::to_string(limits_.max_files) + " files");
@@ -167,21 +187,33 @@ size_t Workspace::refresh() {
     if (!next.count(rel)) ++changed;  // removed (or left pending)
 
   std::shared_ptr<const data::LinkedGraph> linked;
+  std::shared_ptr<const CMakeIndex> cmake;
+  uint64_t cmake_skipped = 0;
   if (changed || !graph()) {
     std::vector<std::shared_ptr<const data::ParsedFile>> parsed;
-    parsed.reserve(next.size());
-    for (const auto& [rel, e] : next) parsed.push_back(e.parsed);
+    std::vector<std::shared_ptr<const CMakeFile>> cmake_files;
+    for (const auto& [rel, e] : next)
+      if (e.parsed)
+        parsed.push_back(e.parsed);
+      else if (e.cmake)
+        cmake_files.push_back(e.cmake);
+      else
+        ++cmake_skipped;
     linked = std::make_shared<data::LinkedGraph>(std::move(parsed));
+    cmake = std::make_shared<CMakeIndex>(std::move(cmake_files));
   }
   s.entries = std::move(next);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::lock_guard<std::mutex> lock(s.mu);
   if (linked) {
     s.graph = linked;
+    s.cmake = cmake;
+    s.status.cmake_files = cmake->files().size();
+    s.status.cmake_definitions = cmake->definitions();
     const auto& g = linked->graph();
     s.status.files = g.files;
     s.status.bytes = g.bytes;
-    s.status.skipped = g.files_skipped;
+    s.status.skipped = g.files_skipped + cmake_skipped;
     s.status.functions = g.functions.size();
   }
   s.status.pending = pending;
@@ -191,9 +223,12 @@ size_t Workspace::refresh() {
   if (changed && log_) {
     char line[256];
     std::snprintf(line, sizeof line,
-                  ": %zu files changed; %llu files (%.1f MiB), %llu functions, %llu skipped, %llu pending; %.2f s",
+                  ": %zu files changed; %llu files (%.1f MiB), %llu functions, %llu CMake files (%llu definitions), "
+                  "%llu skipped, %llu pending; %.2f s",
                   changed, static_cast<unsigned long long>(s.status.files), s.status.bytes / 1048576.0,
                   static_cast<unsigned long long>(s.status.functions),
+                  static_cast<unsigned long long>(s.status.cmake_files),
+                  static_cast<unsigned long long>(s.status.cmake_definitions),
                   static_cast<unsigned long long>(s.status.skipped), static_cast<unsigned long long>(pending), took);
     log_("workspace " + root_ + line);
   }
@@ -232,6 +267,11 @@ void Workspace::poke() {
 std::shared_ptr<const data::LinkedGraph> Workspace::graph() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->graph;
+}
+
+std::shared_ptr<const CMakeIndex> Workspace::cmake() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->cmake;
 }
 
 WorkspaceStatus Workspace::status() const {

@@ -1,7 +1,8 @@
 #pragma once
 // A user's repository as the server sees it (`slm serve --workspace DIR`, issue 45): the C++ files under DIR parsed
-// with the call-graph extraction of `slm data graphs` (data/callgraph.h) and linked into one graph, kept fresh by
-// re-parsing a file whose size or modification time changed; cursor_context.h ranks what of it a completion sees.
+// with the call-graph extraction of `slm data graphs` (data/callgraph.h) and linked into one graph, and its CMake files
+// (CMakeLists.txt, *.cmake) read into a CMake index (cmake_index.h), both kept fresh by re-parsing a file whose size or
+// modification time changed; cursor_context.h and CMakeIndex::context_at rank what of them a completion sees.
 //
 // Safe by default: only regular files under the root are read; symlinks (to files or directories) are not followed,
 // hidden directories (.git, .cache) are not entered, and the budgets below bound a workspace's memory and time. A
@@ -17,12 +18,13 @@
 #include <vector>
 
 #include "slm/data/callgraph.h"
+#include "slm/workspace/cmake_index.h"
 
 namespace slm::workspace {
 
 struct WorkspaceLimits {
   uint64_t max_file_bytes = 1u << 20;  // larger files are skipped (generated tables, amalgamations)
-  uint64_t max_files = 50'000;         // C++ files past this many (in path order) are skipped
+  uint64_t max_files = 50'000;         // C++ and CMake files past this many (in path order) are skipped
   uint64_t max_bytes = 512ull << 20;   // and past this many bytes in all
   // tree-sitter's time per file (data/callgraph.h) and the parse time of one refresh: files left over are parsed by
   // the next refresh, so a huge tree becomes complete over several rounds instead of holding the index.
@@ -35,9 +37,11 @@ struct WorkspaceStatus {
   bool ready = false;        // the first full scan is linked
   uint64_t files = 0;        // parsed C++ files in the graph
   uint64_t bytes = 0;        // their size
-  uint64_t skipped = 0;      // C++ files left out (too large, binary, unparseable, over a budget)
+  uint64_t skipped = 0;      // C++ and CMake files left out (too large, binary, unparseable, over a budget)
   uint64_t pending = 0;      // C++ files waiting for a refresh (over the last one's time budget)
   uint64_t functions = 0;    // definitions in the graph
+  uint64_t cmake_files = 0;  // CMake files in the CMake index
+  uint64_t cmake_definitions = 0;  // their functions, macros and targets
   uint64_t refreshes = 0;    // scans done
   double index_seconds = 0;  // time spent parsing and linking, all scans
 };
@@ -62,6 +66,7 @@ class Workspace {
   void poke();
 
   std::shared_ptr<const data::LinkedGraph> graph() const;  // null until the first refresh has linked
+  std::shared_ptr<const CMakeIndex> cmake() const;         // the same for the CMake files
   WorkspaceStatus status() const;
 
   // The path relative to the root of a request's filename (relative to the root, or absolute under it), or "" with
