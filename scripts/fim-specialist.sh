@@ -57,7 +57,7 @@ PY
   ;;
 train)
   $SLM train --recipe recipes/specialist-shipped.json --data $W/packs/pack-00000.slmpack \
-    --init models/generalist/model.safetensors --device cuda --seq-len 1024 --batch 32 --domains cpp --tokens 230000000 \
+    --init models/generalist/model.safetensors --device cuda --seq-len 1024 --batch 32 --domains cpp --tokens ${FIM_TOKENS:-230000000} \
     --tokenizer tokenizer/slm-code-8k.model --warmup 5 --decay-fraction 0.9 --eval-every 1000 --eval-batches 16 \
     --checkpoint-every 0 --keep-last 1 --log-every 50 --optim matrix_lr=0.005 --optim embed_lr=0.075 \
     --optim head_lr=0.002 --optim router_lr=0.00125 --optim norm_lr=0.00125 --optim vector_lr=0.00125 \

@@ -191,13 +191,41 @@ TEST(WorkspaceContext, ACallJustTypedInTheBufferIsResolvedBeforeTheFileIsSaved) 
   EXPECT_EQ(callees, std::set<std::string>{"geo::scale"});
 }
 
-TEST(WorkspaceContext, NoFunctionAtTheCursorGivesNoChunks) {
+// Outside every function (a declaration, the include block) only the included headers' outlines come; a header the
+// window's lines do not include still counts when the file on disk includes it (a window cut below its #includes).
+TEST(WorkspaceContext, NoFunctionAtTheCursorGetsOnlyTheIncludedHeaders) {
   Planted p = plant("none");
   Workspace ws(p.dir);
   ws.refresh();
-  const auto ctx = workspace::context_at(*ws.graph(), "app/main.cpp", "#include \"geo/shapes.h\"\n", "\nint x;\n");
+  auto ctx = workspace::context_at(*ws.graph(), "app/main.cpp", "#include \"geo/shapes.h\"\n", "\nint x;\n");
   EXPECT_EQ(ctx.function, "");
+  ASSERT_EQ(ctx.chunks.size(), 1u);
+  EXPECT_EQ(ctx.chunks[0].kind, ChunkKind::kInclude);
+  EXPECT_EQ(ctx.chunks[0].name, "geo/shapes.h");
+  ctx = workspace::context_at(*ws.graph(), "app/main.cpp", "int y;\n", "\nint x;\n");  // main.cpp on disk includes it
+  ASSERT_EQ(ctx.chunks.size(), 1u);
+  EXPECT_EQ(ctx.chunks[0].name, "geo/shapes.h");
+  ctx = workspace::context_at(*ws.graph(), "app/other.cpp", "int y;\n", "\nint x;\n");  // no such file, no include
   EXPECT_TRUE(ctx.chunks.empty());
+}
+
+// A window that starts inside a long function: its head comes from the file on disk, so the function (and its
+// callees) are found; without the file on disk there is no function.
+TEST(WorkspaceContext, AWindowCutInsideAFunctionGetsItsHeadFromDisk) {
+  Planted p = plant("head");
+  Workspace ws(p.dir);
+  ws.refresh();
+  // report()'s body from "  c.grow(2);" on: the window holds neither its signature nor the #include lines.
+  const std::string before = "  c.grow(2);\n  double a = c.area();\n  ";
+  auto ctx = workspace::context_at(*ws.graph(), "app/main.cpp", before, kMainAfter);
+  EXPECT_EQ(ctx.function, "report");
+  const std::set<std::pair<std::string, std::string>> want = {{"callee", "geo::Circle::grow"},
+                                                              {"callee", "geo::Circle::area"},
+                                                              {"callee", "geo::scale"},
+                                                              {"include", "geo/shapes.h"}};
+  EXPECT_EQ(kinds_and_names(ctx), want);
+  ctx = workspace::context_at(*ws.graph(), "app/elsewhere.cpp", before, kMainAfter);
+  EXPECT_EQ(ctx.function, "");
 }
 
 TEST(WorkspaceContext, TheBudgetKeepsTheBestChunks) {

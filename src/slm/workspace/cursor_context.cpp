@@ -17,12 +17,18 @@ std::string with_newline(std::string s) {
   return s;
 }
 
-// The outline (first lines after the license) of each workspace header the buffer includes, up to max_includes.
+// The outline (first lines after the license) of each workspace header the buffer (or the file on disk) includes, up
+// to max_includes.
 void add_include_outlines(const data::LinkedGraph& graph, const data::ParsedFile& buffer, const std::string& path,
                           const std::function<bool(const std::string&)>& in_window, const ContextOptions& o,
                           std::vector<ContextChunk>& ranked) {
+  // The buffer's includes, then those of the workspace's copy of the file (a window cut below its #include lines).
+  std::vector<std::string> incs = buffer.includes();
+  if (const data::ParsedFile* disk = graph.file(path))
+    for (const std::string& inc : disk->includes())
+      if (std::find(incs.begin(), incs.end(), inc) == incs.end()) incs.push_back(inc);
   size_t includes = 0;
-  for (const std::string& inc : buffer.includes()) {
+  for (const std::string& inc : incs) {
     if (includes == o.max_includes) break;
     const data::ParsedFile* best = graph.header_for(inc, path);
     if (!best || in_window(best->head)) continue;
@@ -30,6 +36,25 @@ void add_include_outlines(const data::LinkedGraph& graph, const data::ParsedFile
         {{best->path, with_newline(line_range(best->head, 0, o.max_chunk_lines))}, ChunkKind::kInclude, best->path, 0});
     ++includes;
   }
+}
+
+// The lines before the window of the workspace's definition (in the file of `path`, on disk) that holds the window's
+// first three lines (whole lines before the cursor's, which is being edited), the innermost such; "" when none does
+// or the window starts with its first line.
+std::string head_on_disk(const data::LinkedGraph& graph, const std::string& path, const std::string& before) {
+  const std::string key = line_range(before, 0, std::min<size_t>(3, count_lines(before)));
+  if (key.find_first_not_of(" \t\r\n}{;") == std::string::npos || key.size() < 12) return "";  // nothing distinctive
+  const auto& g = graph.graph();
+  const data::FunctionInfo* best = nullptr;
+  size_t best_at = 0;
+  for (uint32_t i : graph.functions_of(path)) {
+    const auto& f = g.functions[i];
+    const size_t p = f.text.find("\n" + key);
+    if (p == std::string::npos || (best && f.text.size() >= best->text.size())) continue;
+    best = &f;
+    best_at = p + 1;
+  }
+  return best ? best->text.substr(0, best_at) : "";
 }
 
 // The first chunks, best first, that fit max_chunks and max_bytes.
@@ -86,23 +111,44 @@ const char* chunk_kind_name(ChunkKind kind) {
 CursorContext context_at(const data::LinkedGraph& graph, const std::string& path, const std::string& before,
                          const std::string& after, const ContextOptions& o) {
   CursorContext out;
-  const std::string window = before + after;
+  std::string window = before + after;
   data::CppFileParser parser;
-  const data::ParsedFile buffer = parser.parse(path, window);
+  data::ParsedFile buffer = parser.parse(path, window);
+  uint32_t cursor_line = static_cast<uint32_t>(count_lines(before) + 1);
+  // The innermost definition holding the cursor's line: the one starting last.
+  auto innermost = [&] {
+    const auto& fns = buffer.functions();
+    int at = -1;
+    for (size_t i = 0; i < fns.size(); ++i)
+      if (fns[i].line <= cursor_line && cursor_line <= fns[i].last_line() && (at < 0 || fns[i].line >= fns[at].line))
+        at = static_cast<int>(i);
+    return at;
+  };
+  int at = innermost();
+  if (at < 0) {
+    // The window may start inside a definition whose head the editor cut off (a long function: the prefix is whole
+    // lines within a character budget). The workspace's copy of the file has it: the definition on disk whose text
+    // holds the window's first lines gives the lines of it before them, and the two are parsed as one. Only lines
+    // before the window come from disk, so nothing after the cursor (the text being written) ever does.
+    if (const std::string head = head_on_disk(graph, path, before); !head.empty()) {
+      window = head + window;
+      buffer = parser.parse(path, window);
+      cursor_line += static_cast<uint32_t>(count_lines(head));
+      at = innermost();
+    }
+  }
+  auto in_window = [&](const std::string& text) { return !text.empty() && window.find(text) != std::string::npos; };
+  std::vector<ContextChunk> ranked;  // by rank, best first; the budget takes them in this order
+  if (at < 0) {  // a declaration, a class body, the include block: what the headers it includes declare
+    add_include_outlines(graph, buffer, path, in_window, o, ranked);
+    out.chunks = budget_oldest_first(std::move(ranked), o);
+    return out;
+  }
   const auto& fns = buffer.functions();
-  const uint32_t cursor_line = static_cast<uint32_t>(count_lines(before) + 1);
-  int at = -1;  // the innermost definition holding the cursor's line: the one starting last
-  for (size_t i = 0; i < fns.size(); ++i)
-    if (fns[i].line <= cursor_line && cursor_line <= fns[i].last_line() && (at < 0 || fns[i].line >= fns[at].line))
-      at = static_cast<int>(i);
-  if (at < 0) return out;
   const data::FunctionInfo& here = fns[at];
   out.function = here.qualified();
   const auto& g = graph.graph();
 
-  // Chunks by rank, best first; the budget takes them in this order.
-  std::vector<ContextChunk> ranked;
-  auto in_window = [&](const std::string& text) { return !text.empty() && window.find(text) != std::string::npos; };
   auto cut = [&](const std::string& text) { return with_newline(line_range(text, 0, o.max_chunk_lines)); };
 
   // Callees, nearest call to the cursor first (a call just typed is what the next line is likely to use).
