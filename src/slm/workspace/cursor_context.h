@@ -5,12 +5,14 @@
 //
 // The text the editor sent (the window: prefix, the cursor's line, suffix) is parsed on its own under the file's path,
 // so an unsaved edit counts at once: the function around the cursor is the innermost definition of the window that
-// holds the cursor's line, and its calls are resolved against the workspace's graph with the graph's rules
-// (data/callgraph.h LinkedGraph::resolve_calls). The chunks, by rank:
+// holds the cursor's line (when the window starts inside a definition whose head it cut off, the lines of it before
+// the window come from the graph's copy of the file), and its calls are resolved against the workspace's graph with
+// the graph's rules (data/callgraph.h LinkedGraph::resolve_calls). Outside every function only the include outlines
+// come. The chunks, by rank:
 //   callee  the definition of each function it calls (not those the window itself holds), in call order;
 //   class   the definition of the class it is a method of, when the window does not hold it;
 //   caller  for each function that calls it (the graph's, from the files on disk), the lines around its first call;
-//   include for each header of the workspace it includes, an outline: its class heads and function signatures.
+//   include for each header of the workspace it (or the graph's copy of the file) includes, its first lines.
 // Each chunk is cut to max_chunk_lines lines; the whole to max_chunks chunks and max_bytes bytes, lowest rank left out
 // first. They are returned oldest first, lowest rank first, as the infill prompt wants them: its budget drops the first
 // chunks first and the most useful ones sit nearest the cursor.
