@@ -92,6 +92,8 @@ int main(int argc, char** argv) {
       static_cast<unsigned long long>(st.files), st.bytes / mib, static_cast<unsigned long long>(st.functions),
       static_cast<unsigned long long>(st.skipped), cold_s, st.files / cold_s, st.bytes / mib / cold_s, rss2 - rss1,
       rss1);
+  std::printf("workspace  CMake files: %llu, %llu functions, macros and targets\n",
+              static_cast<unsigned long long>(st.cmake_files), static_cast<unsigned long long>(st.cmake_definitions));
   std::printf("workspace  refresh with nothing changed (one poll): %.1f ms\n", 1e3 * warm_s);
 
   // The reference, after the index (so that the index's memory is measured on a fresh heap): the one-shot graph of

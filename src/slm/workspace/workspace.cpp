@@ -109,8 +109,12 @@ size_t Workspace::refresh() {
       if (!name.empty() && name[0] == '.') it.disable_recursion_pending();
       continue;
     }
-    const std::string rel = fs::relative(it->path(), root, ec).generic_string();
-    if (ec || !(data::is_cpp_source_name(rel) || is_cmake_name(rel))) continue;
+    // The iterator's paths start with the root's: cut it off (fs::relative canonicalizes both paths, a stat of each
+    // component of every file: 0.83 s of a poll of CMake's 9,662 files, bench/RESULTS.md).
+    const std::string full = it->path().generic_string();
+    if (full.size() <= root_.size() + 1) continue;
+    const std::string rel = full.substr(root_.size() + 1);
+    if (!(data::is_cpp_source_name(rel) || is_cmake_name(rel))) continue;
     Seen f{rel};
     if (stat_file(it->path().string(), f.mtime_ns, f.size)) seen.push_back(std::move(f));
   }
