@@ -22,6 +22,7 @@ struct ChatFlags {
     return o;
   }();
   server::ChatOptions chat;
+  std::vector<std::string> workspaces;  // in-process: directories whose files a message may name (@path)
 };
 
 const char* kHelp =
@@ -46,8 +47,11 @@ void run_chat(ChatFlags f) {
     }
   }
   server::Specialists specialists;  // in-process only
+  std::vector<std::unique_ptr<workspace::Workspace>> workspaces;
   std::unique_ptr<server::ChatBackend> backend;
   if (!f.url.empty()) {
+    if (!f.workspaces.empty())
+      throw Error("chat: --workspace is for in-process chat; a server reads its own (slm serve --workspace)");
     backend = server::http_chat(f.url, f.api_key);
   } else {
     if (!f.ensemble.empty()) {
@@ -58,7 +62,15 @@ void run_chat(ChatFlags f) {
     }
     for (const auto& s : specialists.all())
       if (s->weights == "random") std::cerr << "slm chat: warning: " << s->name << " runs RANDOM weights\n";
-    backend = server::in_process_chat(specialists);
+    // Indexed once before the first question (a server indexes in the background instead).
+    for (const auto& dir : f.workspaces) {
+      workspaces.push_back(std::make_unique<workspace::Workspace>(
+          dir, workspace::WorkspaceLimits{}, [](const std::string& line) { std::cerr << "slm chat: " << line << "\n"; }));
+      workspaces.back()->refresh();
+    }
+    server::Workspaces ws;
+    for (const auto& w : workspaces) ws.push_back(w.get());
+    backend = server::in_process_chat(specialists, ws);
   }
   std::vector<text::ChatMessage> history;
   if (!f.system.empty()) history.push_back({"system", f.system});
@@ -69,6 +81,7 @@ void run_chat(ChatFlags f) {
       const auto reply =
           backend->send(history, f.chat, [](const std::string& piece) { std::cout << piece << std::flush; });
       std::cout << "\n";
+      if (!reply.context.empty()) std::cerr << "(workspace" << reply.context << ")\n";
       std::cerr << "(answered by " << reply.specialist << ", finish " << reply.finish_reason << ")\n";
       history.push_back({"assistant", reply.text});
     } catch (const Error&) {
@@ -139,6 +152,9 @@ void add_chat_command(CLI::App& app) {
                 "talk to a running server (the default, http://127.0.0.1:8000, only when no model is given and the "
                 "shipped models are missing)");
   c->add_option("--api-key", f->api_key, "the server's API key, if it wants one");
+  c->add_option("--workspace", f->workspaces,
+                "in-process: a directory of your code (repeatable); a message that names one of its files (@path) gets "
+                "the file, what it calls elsewhere and its headers' outlines before the question");
   c->add_option("--ensemble", f->ensemble, "in-process: ensemble manifest (default: the shipped models/ensemble.json)");
   c->add_option("--recipe", f->recipe, "in-process: one model's recipe");
   c->add_option("--checkpoint", f->checkpoint, "in-process: its weights");

@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "data/data_test_util.h"
 #include "engine/engine_test_util.h"
 #include "serving_test_util.h"
 #include "slm/engine/generation.h"
@@ -836,6 +837,28 @@ TEST(ServerChatCli, InProcessModelAnswers) {
   ASSERT_EQ(r.code, 0) << r.out;
   EXPECT_NE(r.out.find("RANDOM weights"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(answered by tiny-hybrid, finish "), std::string::npos) << r.out;
+}
+
+// In-process chat with --workspace: a message naming a file of it gets the file and the definition it calls, and
+// stderr says so (the same context as /v1/chat/completions of slm serve --workspace).
+TEST(ServerChatCli, InProcessWorkspaceFilesGoBeforeTheQuestion) {
+  const std::string dir = test::fresh_dir("chat-ws");
+  test::write_file(dir + "/lib/sq.cpp", "int sq(int v) { return v * v; }\n");
+  test::write_file(dir + "/app/main.cpp", "int sq(int v);\nint main() { return sq(3); }\n");
+  const std::string model = "chat --recipe " + test::source_path("recipes/tiny-hybrid.json") +
+                            " --random-weights --tokenizer " + test::source_path("tokenizer/slm-code-512.model") +
+                            " --temperature 0 --max-tokens 2 ";
+  const auto r = test::run_slm(model + "--workspace " + dir + " --prompt 'What does @app/main.cpp return?'");
+  ASSERT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("(workspace context: 2 of 2 chunk(s) (file app/main.cpp, callee sq))"), std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("(answered by tiny-hybrid, finish "), std::string::npos) << r.out;
+  const auto plain = test::run_slm(model + "--workspace " + dir + " --prompt 'What does main return?'");
+  ASSERT_EQ(plain.code, 0) << plain.out;
+  EXPECT_EQ(plain.out.find("(workspace"), std::string::npos) << plain.out;
+  const auto refused = test::run_slm("chat --url http://127.0.0.1:1 --workspace " + dir + " --prompt hi");
+  EXPECT_NE(refused.code, 0);
+  EXPECT_NE(refused.out.find("--workspace is for in-process chat"), std::string::npos) << refused.out;
 }
 
 }  // namespace

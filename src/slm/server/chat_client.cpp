@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "slm/server/openai.h"
+#include "slm/server/openai_format.h"
 #include "slm/server/prepare.h"
 #include "slm/server/session.h"
 #include "slm/util/error.h"
@@ -27,17 +28,18 @@ nlohmann::json chat_body(const std::vector<text::ChatMessage>& history, const Ch
 
 class InProcessChat final : public ChatBackend {
  public:
-  explicit InProcessChat(Specialists& s) : specialists_(s) {}
+  InProcessChat(Specialists& s, Workspaces w) : specialists_(s), workspaces_(std::move(w)) {}
 
   ChatReply send(const std::vector<text::ChatMessage>& history, const ChatOptions& o,
                  const std::function<void(const std::string&)>& on_text) override {
-    // The same parsing and checks as a request to the server, so both ends refuse the same things.
-    GenerationRequest g;
+    // The same parsing, checks and workspace context as a request to the server's /v1/chat/completions, so both ends
+    // refuse the same things and see the same files.
     try {
-      g = parse_generation_request(chat_body(history, o, false).dump(), /*chat=*/true);
-      auto p = prepare_generation(specialists_, g, o.max_tokens);
+      GenerationPlan plan = openai_plan(specialists_, chat_body(history, o, false).dump(), /*chat=*/true,
+                                        o.max_tokens, workspaces_);
+      auto& p = plan.prepared;
       Session session(*p.engine, *p.specialist->tokenizer, std::move(p.request), {});
-      ChatReply reply{p.answered_by, "", ""};
+      ChatReply reply{p.answered_by, "", "", plan.log_note};
       for (bool done = false; !done;) {
         const std::string piece = session.next(std::chrono::milliseconds(100), done);
         if (!piece.empty() && on_text) on_text(piece);
@@ -54,6 +56,7 @@ class InProcessChat final : public ChatBackend {
 
  private:
   Specialists& specialists_;
+  Workspaces workspaces_;
 };
 
 // cpp-httplib throws std::invalid_argument for a scheme it does not know (ftp://...) and makes an invalid client for
@@ -133,8 +136,8 @@ class HttpChat final : public ChatBackend {
 
 }  // namespace
 
-std::unique_ptr<ChatBackend> in_process_chat(Specialists& specialists) {
-  return std::make_unique<InProcessChat>(specialists);
+std::unique_ptr<ChatBackend> in_process_chat(Specialists& specialists, Workspaces workspaces) {
+  return std::make_unique<InProcessChat>(specialists, std::move(workspaces));
 }
 
 std::unique_ptr<ChatBackend> http_chat(const std::string& url, const std::string& api_key) {

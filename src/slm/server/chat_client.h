@@ -8,6 +8,7 @@
 
 #include "slm/text/chat_template.h"
 #include "slm/server/specialists.h"
+#include "slm/server/workspace_context.h"
 
 namespace slm::server {
 
@@ -21,6 +22,7 @@ struct ChatOptions {
 
 struct ChatReply {
   std::string specialist, text, finish_reason;
+  std::string context;  // in-process: the workspace files put before the question (" context: ..."), "" when none
 };
 
 class ChatBackend {
@@ -32,8 +34,9 @@ class ChatBackend {
                          const std::function<void(const std::string&)>& on_text) = 0;
 };
 
-// The specialists must outlive the backend.
-std::unique_ptr<ChatBackend> in_process_chat(Specialists& specialists);
+// The specialists (and workspaces) must outlive the backend. A message naming a file of a workspace (`@path`) gets
+// the file and its context graph before the question, as from `slm serve --workspace` (workspace_context.h).
+std::unique_ptr<ChatBackend> in_process_chat(Specialists& specialists, Workspaces workspaces = {});
 // url: http://host:port (no TLS). api_key: sent as a bearer token when non-empty.
 std::unique_ptr<ChatBackend> http_chat(const std::string& url, const std::string& api_key);
 
