@@ -65,7 +65,8 @@ void run_chat(ChatFlags f) {
     // Indexed once before the first question (a server indexes in the background instead).
     for (const auto& dir : f.workspaces) {
       workspaces.push_back(std::make_unique<workspace::Workspace>(
-          dir, workspace::WorkspaceLimits{}, [](const std::string& line) { std::cerr << "slm chat: " << line << "\n"; }));
+          dir, workspace::WorkspaceLimits{},
+          [](const std::string& line) { std::cerr << "slm chat: " << line << "\n"; }));
       workspaces.back()->refresh();
     }
     server::Workspaces ws;

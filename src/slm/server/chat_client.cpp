@@ -6,7 +6,6 @@
 
 #include "slm/server/openai.h"
 #include "slm/server/openai_format.h"
-#include "slm/server/prepare.h"
 #include "slm/server/session.h"
 #include "slm/util/error.h"
 
@@ -35,8 +34,8 @@ class InProcessChat final : public ChatBackend {
     // The same parsing, checks and workspace context as a request to the server's /v1/chat/completions, so both ends
     // refuse the same things and see the same files.
     try {
-      GenerationPlan plan = openai_plan(specialists_, chat_body(history, o, false).dump(), /*chat=*/true,
-                                        o.max_tokens, workspaces_);
+      GenerationPlan plan =
+          openai_plan(specialists_, chat_body(history, o, false).dump(), /*chat=*/true, o.max_tokens, workspaces_);
       auto& p = plan.prepared;
       Session session(*p.engine, *p.specialist->tokenizer, std::move(p.request), {});
       ChatReply reply{p.answered_by, "", "", plan.log_note};

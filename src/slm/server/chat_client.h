@@ -6,9 +6,9 @@
 #include <string>
 #include <vector>
 
-#include "slm/text/chat_template.h"
 #include "slm/server/specialists.h"
 #include "slm/server/workspace_context.h"
+#include "slm/text/chat_template.h"
 
 namespace slm::server {
 
