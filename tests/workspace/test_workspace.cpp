@@ -75,6 +75,13 @@ Planted plant(const std::string& tag) {
   return p;
 }
 
+// What a cursor in report() gets (kind, name), hand-listed from the planted files: it calls Circle::grow,
+// Circle::area and geo::scale and includes geo/shapes.h.
+const std::set<std::pair<std::string, std::string>> kReportContext = {{"callee", "geo::Circle::grow"},
+                                                                      {"callee", "geo::Circle::area"},
+                                                                      {"callee", "geo::scale"},
+                                                                      {"include", "geo/shapes.h"}};
+
 std::set<std::pair<std::string, std::string>> kinds_and_names(const workspace::CursorContext& c) {
   std::set<std::pair<std::string, std::string>> out;
   for (const auto& k : c.chunks) out.insert({workspace::chunk_kind_name(k.kind), k.name});
@@ -91,12 +98,8 @@ TEST(WorkspaceContext, ChoosesTheCalleesClassCallersAndHeadersOfTheFunctionAtThe
   // includes geo/shapes.h. grow is defined in the header (inline) and area/scale in shapes.cpp.
   const auto ctx = workspace::context_at(*g, "app/main.cpp", std::string(kMainBefore) + "  ", kMainAfter);
   EXPECT_EQ(ctx.function, "report");
-  const std::set<std::pair<std::string, std::string>> want = {{"callee", "geo::Circle::grow"},
-                                                              {"callee", "geo::Circle::area"},
-                                                              {"callee", "geo::scale"},
-                                                              {"include", "geo/shapes.h"}};
   // main is in the window itself, so it is no caller chunk; Circle is no class of report's.
-  EXPECT_EQ(kinds_and_names(ctx), want);
+  EXPECT_EQ(kinds_and_names(ctx), kReportContext);
   // Oldest first: the include outline, then the callees with the nearest call to the cursor last.
   ASSERT_EQ(ctx.chunks.size(), 4u);
   EXPECT_EQ(ctx.chunks.front().kind, ChunkKind::kInclude);
@@ -219,11 +222,7 @@ TEST(WorkspaceContext, AWindowCutInsideAFunctionGetsItsHeadFromDisk) {
   const std::string before = "  c.grow(2);\n  double a = c.area();\n  ";
   auto ctx = workspace::context_at(*ws.graph(), "app/main.cpp", before, kMainAfter);
   EXPECT_EQ(ctx.function, "report");
-  const std::set<std::pair<std::string, std::string>> want = {{"callee", "geo::Circle::grow"},
-                                                              {"callee", "geo::Circle::area"},
-                                                              {"callee", "geo::scale"},
-                                                              {"include", "geo/shapes.h"}};
-  EXPECT_EQ(kinds_and_names(ctx), want);
+  EXPECT_EQ(kinds_and_names(ctx), kReportContext);
   ctx = workspace::context_at(*ws.graph(), "app/elsewhere.cpp", before, kMainAfter);
   EXPECT_EQ(ctx.function, "");
 }
